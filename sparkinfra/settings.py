@@ -1,0 +1,424 @@
+"""
+The settings model: every key the deploys read, validated before any host is touched.
+
+Settings come from pyinfra's own layering (``--data`` > inventory host data > group data
+> ``all``), one flat dict per host. ``HostSettings`` is the schema of that dict;
+``Cluster`` is the per-cluster view the deploys use, with the cross-host rules.
+An error names the file (or ``--data``) and the key it came from.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+# Keys pyinfra's SSH connector reads from host data (``ssh_user``, ``ssh_key`` ...).
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.connectors.ssh import connector_data_meta as _SSH_KEYS
+
+
+class SettingsError(Exception):
+    """Bad settings: one message naming the file and the key."""
+
+
+class InventorySettingsError(PyinfraError):
+    """Bad settings found while pyinfra loads the inventory (no host contacted yet)."""
+
+
+def _rule(key: str, message: str, host: str | None = None) -> PydanticCustomError:
+    return PydanticCustomError("settings", message, {"key": key, "host": host or ""})
+
+
+class HostSettings(BaseModel):
+    """
+    What one host's data may hold, after pyinfra's layering. Unknown keys are errors.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    # Identity of the node in its cluster
+    cluster: str = Field("spark", description="Cluster the node belongs to (one head per cluster).")
+    rank: int = Field(ge=0, description="Node rank: 0 is the head (serves the API), >0 are workers.")
+    fabric_ip: IPv4Address = Field(description="The node's static address on the RoCE fabric.")
+
+    # The fabric (the same on every node of a cluster)
+    fabric_interface: str = Field("enp1s0f0np0", description="Ethernet side of the ConnectX-7 port.")
+    fabric_subnet: IPv4Network = Field(description="Fabric subnet; every fabric_ip lies in it.")
+    fabric_mtu: int = Field(4200, ge=1280, le=9216, description="MTU of the fabric interface.")
+    rdma_devices: list[str] = Field(
+        ["rocep1s0f0", "roceP2p1s0f0"], min_length=1, description="RDMA devices on the fabric port."
+    )
+    rdma_port: int = Field(1, ge=1, description="Port of the RDMA devices.")
+
+    # Placeholders the later deploys extend
+    image: str = Field("vllm-node:latest", description="Container image that backs every lane.")
+    model: str = Field("", description="Target model repository id.")
+    lane: str = Field("", description="Lane (recipe) to serve; empty: none.")
+
+
+# Keys every node of a cluster must agree on.
+CLUSTER_KEYS = (
+    "fabric_interface",
+    "fabric_subnet",
+    "fabric_mtu",
+    "rdma_devices",
+    "rdma_port",
+    "image",
+    "model",
+    "lane",
+)
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    ssh_host: str
+    ssh_user: str
+    rank: int
+    fabric_ip: IPv4Address
+
+
+class Fabric(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interface: str
+    subnet: IPv4Network
+    mtu: int
+    rdma_devices: tuple[str, ...]
+    rdma_port: int
+
+
+class Cluster(BaseModel):
+    """
+    One cluster: its nodes (by rank) and what they share. Holds the cross-node rules.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    nodes: tuple[Node, ...]
+    fabric: Fabric
+    image: str
+    model: str
+    lane: str
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> "Cluster":
+        seen_ranks: dict[int, str] = {}
+        seen_ips: dict[IPv4Address, str] = {}
+        for node in self.nodes:
+            if node.rank in seen_ranks:
+                raise _rule(
+                    "rank",
+                    f"rank {node.rank} is given to both {seen_ranks[node.rank]} and {node.name}",
+                    node.name,
+                )
+            seen_ranks[node.rank] = node.name
+            if node.fabric_ip not in self.fabric.subnet:
+                raise _rule(
+                    "fabric_ip",
+                    f"{node.fabric_ip} is outside the fabric subnet {self.fabric.subnet}",
+                    node.name,
+                )
+            if node.fabric_ip in (self.fabric.subnet.network_address, self.fabric.subnet.broadcast_address):
+                raise _rule(
+                    "fabric_ip",
+                    f"{node.fabric_ip} is not a host address of {self.fabric.subnet}",
+                    node.name,
+                )
+            if node.fabric_ip in seen_ips:
+                raise _rule(
+                    "fabric_ip",
+                    f"{node.fabric_ip} is given to both {seen_ips[node.fabric_ip]} and {node.name}",
+                    node.name,
+                )
+            seen_ips[node.fabric_ip] = node.name
+        if 0 not in seen_ranks:
+            raise _rule("rank", f"cluster {self.name} has no rank 0 (head)", self.nodes[0].name)
+        missing = sorted(set(range(len(self.nodes))) - set(seen_ranks))
+        if missing:
+            worst = max(self.nodes, key=lambda n: n.rank)
+            raise _rule(
+                "rank",
+                f"ranks of cluster {self.name} must be 0..{len(self.nodes) - 1}; "
+                f"{worst.rank} given, {missing[0]} missing",
+                worst.name,
+            )
+        return self
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> tuple[Node, ...]:
+        return self.nodes[1:]
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+class Settings(BaseModel):
+    """
+    All clusters of an inventory, keyed by cluster name.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clusters: dict[str, Cluster]
+
+    def cluster_of(self, host_name: str) -> Cluster:
+        for cluster in self.clusters.values():
+            for node in cluster.nodes:
+                if node.name == host_name:
+                    return cluster
+        raise KeyError(host_name)
+
+    def node(self, host_name: str) -> Node:
+        return self.cluster_of(host_name).node(host_name)
+
+
+# Loading from a pyinfra inventory
+# --------------------------------
+
+
+def _assigned_names(path: Path) -> set[str]:
+    """Top-level names a group_data file assigns (read, not executed)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+    return names
+
+
+class _Sources:
+    """Says where a host's key came from, following pyinfra's layering."""
+
+    def __init__(self, inventory, inventory_file: str | None, group_data_dirs: list[Path]):
+        self.inventory = inventory
+        self.inventory_file = inventory_file or "the inventory"
+        self.dirs = group_data_dirs
+
+    def _group_file(self, group: str, key: str) -> str | None:
+        for folder in reversed(self.dirs):
+            path = folder / f"{group}.py"
+            if path.is_file() and key in _assigned_names(path):
+                return _display(path)
+        return None
+
+    def of(self, host, key: str) -> str:
+        inv = self.inventory
+        if key in (inv.get_override_data() or {}):
+            return "--data"
+        if key in inv.get_host_data(host.name):
+            return self.inventory_file
+        for group in reversed(host.groups):
+            if key in inv.get_group_data(group):
+                return self._group_file(group, key) or self.inventory_file
+        if key in inv.get_data():
+            return self._group_file("all", key) or self.inventory_file
+        return "the defaults"
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _host_data(inventory, host) -> dict[str, Any]:
+    """The host's merged data, as pyinfra layers it (lowest layer first)."""
+    merged: dict[str, Any] = {}
+    merged.update(inventory.get_data())
+    merged.update(inventory.get_groups_data(host.groups))
+    merged.update(inventory.get_host_data(host.name))
+    merged.update(inventory.get_override_data() or {})
+    return merged
+
+
+def _error(source: str, key: str, host: str, message: str) -> SettingsError:
+    where = f"{source}, key '{key}'" if key else source
+    who = f" (host {host})" if host else ""
+    return SettingsError(f"{where}{who}: {message}")
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str, str]:
+    err = exc.errors()[0]
+    ctx = err.get("ctx") or {}
+    key = ctx.get("key") or ".".join(str(p) for p in err["loc"][:1])
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif err["type"] == "missing":
+        message = "required key is missing"
+    elif "input" in err and err["type"] != "settings":
+        message = f"{message} (got {err['input']!r})"
+    return key, ctx.get("host", ""), message
+
+
+def load_settings(inventory, inventory_file: str | None = None, cwd: str | None = None) -> Settings:
+    """
+    Validate every host's data of a pyinfra ``Inventory`` and build the ``Settings``.
+
+    Raises ``SettingsError`` naming the file (or ``--data``) and the key.
+    """
+    base = Path(cwd or Path.cwd())
+    dirs = [base / "group_data"]
+    if inventory_file:
+        inv_dir = Path(inventory_file).resolve().parent / "group_data"
+        if inv_dir != dirs[0].resolve():
+            dirs.append(inv_dir)
+    sources = _Sources(inventory, inventory_file, dirs)
+
+    hosts = list(inventory)
+    per_host: dict[str, HostSettings] = {}
+    connection: dict[str, tuple[str, str]] = {}
+    for host in hosts:
+        data = _host_data(inventory, host)
+        ours = {k: v for k, v in data.items() if not k.startswith("_") and k not in _SSH_KEYS}
+        try:
+            per_host[host.name] = HostSettings.model_validate(ours)
+        except ValidationError as exc:
+            key, _, message = _first_error(exc)
+            raise _error(sources.of(host, key), key, host.name, message) from None
+        ssh_host = data.get("ssh_hostname") or host.name
+        ssh_user = data.get("ssh_user") or "root"
+        connection[host.name] = (str(ssh_host), str(ssh_user))
+
+    by_cluster: dict[str, list] = {}
+    for host in hosts:
+        by_cluster.setdefault(per_host[host.name].cluster, []).append(host)
+
+    clusters: dict[str, Cluster] = {}
+    for name, members in by_cluster.items():
+        first = per_host[members[0].name]
+        for host in members[1:]:
+            for key in CLUSTER_KEYS:
+                if getattr(per_host[host.name], key) != getattr(first, key):
+                    raise _error(
+                        sources.of(host, key),
+                        key,
+                        host.name,
+                        f"{getattr(per_host[host.name], key)!r} differs from "
+                        f"{getattr(first, key)!r} on {members[0].name}: every node of "
+                        f"cluster {name} must agree",
+                    )
+        nodes = [
+            Node(
+                name=host.name,
+                ssh_host=connection[host.name][0],
+                ssh_user=connection[host.name][1],
+                rank=per_host[host.name].rank,
+                fabric_ip=per_host[host.name].fabric_ip,
+            )
+            for host in members
+        ]
+        try:
+            clusters[name] = Cluster(
+                name=name,
+                nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
+                fabric=Fabric(
+                    interface=first.fabric_interface,
+                    subnet=first.fabric_subnet,
+                    mtu=first.fabric_mtu,
+                    rdma_devices=tuple(first.rdma_devices),
+                    rdma_port=first.rdma_port,
+                ),
+                image=first.image,
+                model=first.model,
+                lane=first.lane,
+            )
+        except ValidationError as exc:
+            key, host_name, message = _first_error(exc)
+            host = inventory.get_host(host_name) if host_name else members[0]
+            raise _error(sources.of(host, key), key, host.name, message) from None
+    return Settings(clusters=clusters)
+
+
+# In a pyinfra run
+# ----------------
+
+
+def _cli_params() -> dict[str, Any]:
+    """Parameters of the running pyinfra command line, when there is one."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.params) if ctx is not None else {}
+
+
+def _cli_override_data() -> dict[str, Any]:
+    """``--data key=value`` of the running pyinfra command, parsed as pyinfra parses it."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    params = _cli_params()
+    data = {}
+    for arg in params.get("data") or ():
+        key, _, value = arg.partition("=")
+        data[key] = parse_cli_arg(value)
+    if params.get("ssh_user"):
+        data["ssh_user"] = params["ssh_user"]
+    return data
+
+
+_validating: set[str] = set()
+
+
+def validate_inventory(inventory_file: str) -> Settings | None:
+    """
+    Validate an inventory file's settings while pyinfra loads it, before any host connects.
+
+    Called at the end of each inventory file. Builds the inventory the way pyinfra's CLI
+    does (the file, ``group_data/``, ``--data``) and raises ``InventorySettingsError``
+    (a pyinfra error: printed without a traceback) on the first bad key.
+    """
+    from pyinfra_cli.inventory import make_inventory_from_files
+
+    path = str(Path(inventory_file).resolve())
+    if path in _validating:  # the nested load below executes this file again
+        return None
+    _validating.add(path)
+    try:
+        cwd = str(Path.cwd())
+        inventory = make_inventory_from_files(path, _cli_override_data(), cwd)
+        return load_settings(inventory, inventory_file=_display(Path(path)), cwd=cwd)
+    except SettingsError as exc:
+        raise InventorySettingsError(f"bad settings: {exc}") from None
+    finally:
+        _validating.discard(path)
+
+
+@lru_cache(maxsize=None)
+def _load_cached(inventory, inventory_file, cwd) -> Settings:
+    return load_settings(inventory, inventory_file=inventory_file, cwd=cwd)
+
+
+def current(state=None) -> Settings:
+    """The validated settings of the running pyinfra state (computed once per run)."""
+    if state is None:
+        from pyinfra import state as ctx_state
+
+        state = ctx_state
+    inventory_file = _cli_params().get("inventory")
+    if inventory_file and Path(inventory_file).is_file():
+        inventory_file = _display(Path(inventory_file))
+    else:
+        inventory_file = None
+    return _load_cached(state.inventory, inventory_file, state.cwd)
