@@ -37,6 +37,8 @@ def fabricate_class_dir():
         return
     SAVED.mkdir(parents=True, exist_ok=True)
     sh("mount", "--bind", str(CLASS), str(SAVED))
+    # /sys is a shared mount: keep the tmpfs below from propagating onto the saved view.
+    sh("mount", "--make-private", str(SAVED))
     entries = sorted(os.listdir(SAVED))
     sh("mount", "-t", "tmpfs", "-o", "mode=755", "sparkbed-sysclass", str(CLASS))
     for entry in entries:

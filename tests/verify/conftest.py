@@ -1,0 +1,144 @@
+"""
+The verify suite: testinfra checks of the state the deploys ensure, on every node of an inventory.
+
+    pytest tests/verify --inventory inventory/pair.py [--data key=value ...]
+
+The inventory is loaded through pyinfra's own loader (inventory file, ``group_data/``,
+``--data``), so the checks see the same settings the deploy used. Tests take ``node``
+(one per host), ``link`` (one per ordered pair of nodes of a cluster) or ``cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import testinfra
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory_from_files
+from pyinfra_cli.util import parse_cli_arg
+
+from sparkinfra.settings import Cluster, Node, load_settings
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("sparkinfra")
+    group.addoption("--inventory", help="pyinfra inventory file, e.g. inventory/pair.py")
+    group.addoption(
+        "--data", action="append", default=[], metavar="KEY=VALUE",
+        help="override data, as pyinfra's --data",
+    )
+
+
+@dataclass
+class Target:
+    """One node under test: its settings, its cluster and a testinfra host (as its SSH user)."""
+
+    node: Node
+    cluster: Cluster
+    host: testinfra.host.Host
+    sudo: bool
+
+    def __str__(self) -> str:
+        return self.node.name
+
+    def root(self, command: str, *args) -> "testinfra.backend.base.CommandResult":
+        """Run a command as root (through sudo when the node's user is not root)."""
+        if self.sudo:
+            with self.host.sudo():
+                return self.host.run(command, *args)
+        return self.host.run(command, *args)
+
+
+def _load(config):
+    path = config.getoption("inventory")
+    if not path:
+        raise pytest.UsageError("tests/verify needs --inventory (e.g. --inventory inventory/pair.py)")
+    override = {}
+    for item in config.getoption("data"):
+        key, _, value = item.partition("=")
+        override[key] = parse_cli_arg(value)
+    cwd = str(Path.cwd())
+    if not ctx_state.isset():
+        ctx_state.set(State())  # pyinfra's loader executes files in a state's context
+    inventory = make_inventory_from_files(path, override, cwd)
+    return inventory, load_settings(inventory, inventory_file=path, cwd=cwd)
+
+
+def _testinfra_host(data) -> testinfra.host.Host:
+    hostname = data.get("ssh_hostname")
+    user = data.get("ssh_user")
+    port = data.get("ssh_port")
+    spec = f"ssh://{user + '@' if user else ''}{hostname}{':' + str(port) if port else ''}"
+    extra = ["-o BatchMode=yes"]
+    if data.get("ssh_known_hosts_file"):
+        extra.append(f"-o UserKnownHostsFile={shlex.quote(data.get('ssh_known_hosts_file'))}")
+    strict = data.get("ssh_strict_host_key_checking")
+    if strict is not None:
+        extra.append(f"-o StrictHostKeyChecking={strict}")
+    if data.get("ssh_key"):
+        extra.append("-o IdentitiesOnly=yes")
+    # One multiplexed connection per node for the whole run; closed in pytest_unconfigure.
+    kwargs = {"ssh_extra_args": " ".join(extra), "controlpersist": 60, "controlpath": _CONTROL_PATH.replace("%", "%%")}  # testinfra %-formats it
+    if data.get("ssh_key"):
+        kwargs["ssh_identity_file"] = data.get("ssh_key")
+    if data.get("ssh_config_file"):
+        kwargs["ssh_config"] = data.get("ssh_config_file")
+    return testinfra.get_host(spec, **kwargs)
+
+
+_CONTROL_DIR = tempfile.mkdtemp(prefix="sparkinfra-verify-")
+_CONTROL_PATH = os.path.join(_CONTROL_DIR, "%C")
+
+
+def pytest_configure(config):
+    config._sparkinfra = None
+
+
+def pytest_unconfigure(config):
+    """Close the SSH master connections this run opened, and their sockets' folder."""
+    for target in config._sparkinfra or ():
+        spec = target.host.backend.host  # testinfra's parsed ssh://user@name:port
+        argv = ["ssh", "-o", f"ControlPath={_CONTROL_PATH}", "-O", "exit"]
+        if spec.user:
+            argv += ["-o", f"User={spec.user}"]
+        if spec.port:
+            argv += ["-o", f"Port={spec.port}"]
+        subprocess.run(argv + [spec.name], capture_output=True, timeout=10)
+    shutil.rmtree(_CONTROL_DIR, ignore_errors=True)
+
+
+def _targets(config) -> list[Target]:
+    if config._sparkinfra is None:
+        inventory, settings = _load(config)
+        targets = []
+        for cluster in settings.clusters.values():
+            for node in cluster.nodes:
+                data = inventory.get_host(node.name).data
+                sudo = bool(data.get("_sudo")) and node.ssh_user != "root"
+                targets.append(Target(node, cluster, _testinfra_host(data), sudo))
+        config._sparkinfra = targets
+    return config._sparkinfra
+
+
+def pytest_generate_tests(metafunc):
+    if not {"node", "link", "cluster"} & set(metafunc.fixturenames):
+        return
+    targets = _targets(metafunc.config)
+    if "node" in metafunc.fixturenames:
+        metafunc.parametrize("node", targets, ids=[t.node.name for t in targets])
+    if "link" in metafunc.fixturenames:
+        links = [
+            (a, b) for a in targets for b in targets if a is not b and a.cluster.name == b.cluster.name
+        ]
+        metafunc.parametrize("link", links, ids=[f"{a}->{b}" for a, b in links])
+    if "cluster" in metafunc.fixturenames:
+        clusters = {t.cluster.name: [x for x in targets if x.cluster.name == t.cluster.name] for t in targets}
+        metafunc.parametrize("cluster", list(clusters.values()), ids=list(clusters))
