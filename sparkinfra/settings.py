@@ -193,52 +193,59 @@ class Settings(BaseModel):
 
 
 def _assigned_names(path: Path) -> set[str]:
-    """Top-level names a group_data file assigns (read, not executed)."""
+    """Names a group_data file assigns anywhere at module level (read, not executed)."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError):
         return set()
-    names: set[str] = set()
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        for target in targets:
-            if isinstance(target, ast.Name):
-                names.add(target.id)
-    return names
+    return {
+        node.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    }
 
 
 class _Sources:
     """Says where a host's key came from, following pyinfra's layering."""
 
-    def __init__(self, inventory, inventory_file: str | None, group_data_dirs: list[Path]):
+    # How specific each layer is: the more specific side of a disagreement is the odd one out.
+    HOST, GROUP, ALL, DEFAULT = 3, 2, 1, 0
+
+    def __init__(self, inventory, inventory_file: str | None, group_data_dirs: list[Path], cwd: Path):
         self.inventory = inventory
         self.inventory_file = inventory_file or "the inventory"
         self.dirs = group_data_dirs
+        self.cwd = cwd
 
     def _group_file(self, group: str, key: str) -> str | None:
         for folder in reversed(self.dirs):
             path = folder / f"{group}.py"
             if path.is_file() and key in _assigned_names(path):
-                return _display(path)
+                return _display(path, self.cwd)
         return None
 
-    def of(self, host, key: str) -> str:
+    def layer(self, host, key: str) -> tuple[int, str]:
+        """(specificity, file) of the layer the host's value of ``key`` comes from."""
         inv = self.inventory
         if key in (inv.get_override_data() or {}):
-            return "--data"
+            return self.HOST + 1, "--data"
         if key in inv.get_host_data(host.name):
-            return self.inventory_file
+            return self.HOST, self.inventory_file
         for group in reversed(host.groups):
             if key in inv.get_group_data(group):
-                return self._group_file(group, key) or self.inventory_file
+                return self.GROUP, self._group_file(group, key) or self.inventory_file
         if key in inv.get_data():
-            return self._group_file("all", key) or self.inventory_file
-        return "the defaults"
+            return self.ALL, self._group_file("all", key) or self.inventory_file
+        # Not set anywhere: the inventory that declares the host is where it belongs.
+        return self.DEFAULT, self.inventory_file
+
+    def of(self, host, key: str) -> str:
+        return self.layer(host, key)[1]
 
 
-def _display(path: Path) -> str:
+def _display(path: Path, cwd: Path | None = None) -> str:
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        return str(path.resolve().relative_to((cwd or Path.cwd()).resolve()))
     except ValueError:
         return str(path)
 
@@ -273,19 +280,28 @@ def _first_error(exc: ValidationError) -> tuple[str, str, str]:
     return key, ctx.get("host", ""), message
 
 
-def load_settings(inventory, inventory_file: str | None = None, cwd: str | None = None) -> Settings:
+def load_settings(
+    inventory,
+    inventory_file: str | None = None,
+    cwd: str | None = None,
+    group_data_dirs: list[str] | tuple[str, ...] = (),
+) -> Settings:
     """
     Validate every host's data of a pyinfra ``Inventory`` and build the ``Settings``.
+
+    + inventory_file, cwd, group_data_dirs: where the data came from, as given to pyinfra
+      (the same search order as its CLI), so an error can name the file
 
     Raises ``SettingsError`` naming the file (or ``--data``) and the key.
     """
     base = Path(cwd or Path.cwd())
     dirs = [base / "group_data"]
     if inventory_file:
-        inv_dir = Path(inventory_file).resolve().parent / "group_data"
+        inv_dir = (base / inventory_file).resolve().parent / "group_data"
         if inv_dir != dirs[0].resolve():
             dirs.append(inv_dir)
-    sources = _Sources(inventory, inventory_file, dirs)
+    dirs += [base / d for d in group_data_dirs]
+    sources = _Sources(inventory, inventory_file, dirs, base)
 
     hosts = list(inventory)
     per_host: dict[str, HostSettings] = {}
@@ -312,12 +328,16 @@ def load_settings(inventory, inventory_file: str | None = None, cwd: str | None 
         for host in members[1:]:
             for key in CLUSTER_KEYS:
                 if getattr(per_host[host.name], key) != getattr(first, key):
+                    # Blame the side set in the more specific layer (the odd one out).
+                    odd, other = host, members[0]
+                    if sources.layer(members[0], key)[0] > sources.layer(host, key)[0]:
+                        odd, other = members[0], host
                     raise _error(
-                        sources.of(host, key),
+                        sources.of(odd, key),
                         key,
-                        host.name,
-                        f"{getattr(per_host[host.name], key)!r} differs from "
-                        f"{getattr(first, key)!r} on {members[0].name}: every node of "
+                        odd.name,
+                        f"{getattr(per_host[odd.name], key)!r} differs from "
+                        f"{getattr(per_host[other.name], key)!r} on {other.name}: every node of "
                         f"cluster {name} must agree",
                     )
         nodes = [
@@ -397,8 +417,9 @@ def validate_inventory(inventory_file: str) -> Settings | None:
     _validating.add(path)
     try:
         cwd = str(Path.cwd())
-        inventory = make_inventory_from_files(path, _cli_override_data(), cwd)
-        return load_settings(inventory, inventory_file=_display(Path(path)), cwd=cwd)
+        group_data = list(_cli_params().get("group_data") or ())
+        inventory = make_inventory_from_files(path, _cli_override_data(), cwd, group_data)
+        return load_settings(inventory, _display(Path(path)), cwd, group_data)
     except SettingsError as exc:
         raise InventorySettingsError(f"bad settings: {exc}") from None
     finally:
@@ -406,8 +427,8 @@ def validate_inventory(inventory_file: str) -> Settings | None:
 
 
 @lru_cache(maxsize=None)
-def _load_cached(inventory, inventory_file, cwd) -> Settings:
-    return load_settings(inventory, inventory_file=inventory_file, cwd=cwd)
+def _load_cached(inventory, inventory_file, cwd, group_data) -> Settings:
+    return load_settings(inventory, inventory_file, cwd, group_data)
 
 
 def current(state=None) -> Settings:
@@ -421,4 +442,5 @@ def current(state=None) -> Settings:
         inventory_file = _display(Path(inventory_file))
     else:
         inventory_file = None
-    return _load_cached(state.inventory, inventory_file, state.cwd)
+    group_data = tuple(_cli_params().get("group_data") or ())
+    return _load_cached(state.inventory, inventory_file, state.cwd, group_data)
