@@ -1,16 +1,23 @@
 """
-Every node ready for multi-node vLLM: the fabric port up, at the fabric MTU, with its address.
+Every node ready for multi-node vLLM: fabric port, address and MTU (persistent), the pinned NCCL
+and the node's NCCL environment (with its own RoCE GID index), the head's SSH mesh to the workers
+over the fabric, no stale lane container.
 
     pyinfra inventory/pair.py deploys/prepare.py
 """
 
-from pyinfra import host
+from pyinfra import host, inventory
+from pyinfra.operations import files
 
 from sparkinfra import operations, settings
+from sparkinfra.mesh import MESH_KEY, MESH_KNOWN_HOSTS, mesh_config, mesh_known_hosts
+from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
 cluster = settings.current().cluster_of(host.name)
 node = cluster.node(host.name)
 fabric = cluster.fabric
+config = cluster.config
+address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
 
 operations.fabric_link(
     name=f"Fabric port {fabric.interface} is up with MTU {fabric.mtu}",
@@ -19,8 +26,70 @@ operations.fabric_link(
     up=True,
 )
 operations.fabric_address(
-    name=f"Fabric address {node.fabric_ip}/{fabric.subnet.prefixlen} is on {fabric.interface}",
+    name=f"Fabric address {address} is on {fabric.interface}",
     interface=fabric.interface,
-    address=f"{node.fabric_ip}/{fabric.subnet.prefixlen}",
+    address=address,
     present=True,
+)
+operations.fabric_persisted(
+    name=f"Fabric address and MTU of {fabric.interface} "
+    + ("come back at boot" if config.fabric_persist else "are not in sparkinfra's boot config"),
+    interface=fabric.interface,
+    address=address,
+    mtu=fabric.mtu,
+    present=config.fabric_persist,
+)
+
+operations.nccl_pinned(
+    name=f"NCCL {config.nccl_version} is pinned at {config.nccl_library}",
+    path=config.nccl_library,
+    version=config.nccl_version,
+    upload=config.nccl_library_upload,
+)
+operations.nccl_environment(
+    name=f"NCCL environment of this node is in {NCCL_ENV_FILE}",
+    path=NCCL_ENV_FILE,
+    variables=nccl_variables(cluster),
+    overrides=config.nccl_env_overrides,
+    rdma_device=fabric.rdma_devices[0],
+    rdma_port=fabric.rdma_port,
+    fabric_ip=str(node.fabric_ip),
+    interface=fabric.interface,
+)
+
+# The head reaches every worker over the fabric, as that worker's user, with its own key.
+head = inventory.get_host(cluster.head.name)
+if node == cluster.head:
+    operations.ssh_key_present(
+        name=f"Fabric SSH key of the head is at {MESH_KEY}",
+        path=MESH_KEY,
+        comment=f"sparkinfra-fabric@{cluster.name}",
+    )
+else:
+    operations.ssh_key_authorized(
+        name=f"Head's fabric key is authorized for {node.ssh_user} from {cluster.head.fabric_ip}",
+        user=node.ssh_user,
+        key_host=head,
+        key_path=f"{MESH_KEY}.pub",
+        from_ip=str(cluster.head.fabric_ip),
+    )
+if node == cluster.head and cluster.workers:
+    files.put(
+        name=f"Head knows the workers' host keys in {MESH_KNOWN_HOSTS}",
+        src=mesh_known_hosts(cluster, inventory),
+        dest=MESH_KNOWN_HOSTS,
+        user="root",
+        group="root",
+        mode="600",
+    )
+    files.block(
+        name="Head's SSH config maps each worker's fabric IP to its user",
+        path="/root/.ssh/config",
+        content=mesh_config(cluster),
+        marker="# {mark} sparkinfra fabric mesh",
+    )
+
+operations.stale_container_absent(
+    name=f"No stale {config.container_name} container is left by an aborted launch",
+    container=config.container_name,
 )

@@ -5,12 +5,25 @@ fact says the state differs.
 
 from __future__ import annotations
 
+import re
 from ipaddress import IPv4Interface, IPv4Network
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.api.state import StateStage
+from pyinfra.facts.files import File, FileContents
+from pyinfra.facts.server import Home
+from pyinfra.operations import files, systemd
 
-from .facts import FabricLink
+from .facts import (
+    DockerContainer,
+    FabricLink,
+    NcclVersion,
+    NetworkConfigBackend,
+    RoceGidTable,
+    roce_v2_index,
+)
 
 
 def _link(interface: str) -> dict:
@@ -69,3 +82,189 @@ def fabric_address(interface: str, address: str, present: bool = True):
         yield StringCommand("ip", "addr", "del", str(wanted), "dev", QuoteString(interface))
     if not changed:
         host.noop(f"{interface} {'has' if present else 'does not have'} {wanted}")
+
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+
+
+def _preparing() -> bool:
+    """True while pyinfra only detects changes (its prepare stage), before anything runs."""
+    return host.state.current_stage != StateStage.Execute
+
+
+@operation()
+def fabric_persisted(interface: str, address: str, mtu: int, present: bool = True):
+    """
+    Ensure the fabric address and MTU come back at boot: a netplan file where netplan is
+    installed (DGX OS), else a oneshot unit that sets them before the network is up. Nothing
+    is applied now (the runtime operations do that, without bouncing the link).
+
+    + interface: the fabric interface
+    + address: the address with its prefix
+    + mtu: the MTU
+    + present: whether the boot-time config must exist
+    """
+    if host.get_fact(NetworkConfigBackend) == "netplan":
+        dest = "/etc/netplan/60-sparkinfra-fabric.yaml"
+        if not present:
+            yield from files.file._inner(path=dest, present=False)
+            return
+        yield from files.template._inner(
+            src=str(TEMPLATES / "etc/netplan/60-sparkinfra-fabric.yaml.j2"), dest=dest,
+            user="root", group="root", mode="600",  # netplan refuses world-readable files
+            interface=interface, address=address, mtu=mtu,
+        )
+        return
+    unit = "sparkinfra-fabric.service"
+    dest = f"/etc/systemd/system/{unit}"
+    if not present:
+        yield from systemd.service._inner(service=unit, running=None, enabled=False)
+        yield from files.file._inner(path=dest, present=False)
+        return
+    changed = False
+    for command in files.template._inner(
+        src=str(TEMPLATES / "etc/systemd/system/sparkinfra-fabric.service.j2"), dest=dest,
+        user="root", group="root", mode="644",
+        interface=interface, address=address, mtu=mtu,
+    ):
+        changed = True
+        yield command
+    yield from systemd.service._inner(service=unit, running=None, enabled=True, daemon_reload=changed)
+
+
+@operation()
+def nccl_environment(
+    path: str,
+    variables: dict[str, str],
+    overrides: dict[str, str | None],
+    rdma_device: str,
+    rdma_port: int,
+    fabric_ip: str,
+    interface: str,
+):
+    """
+    Ensure the node's NCCL env file (root, 0600) holds ``variables`` plus this node's RoCE
+    GID index, read from the port's GID table now (it differs per node).
+
+    + path: the env file (``EnvironmentFile=`` of the lane units)
+    + variables: everything but the GID index, decided by the caller
+    + overrides: applied last; a ``None`` value removes the variable
+    + rdma_device, rdma_port: where to read the GID table
+    + fabric_ip, interface: the RoCE v2 row that carries this IPv4 on this netdev is the one
+    """
+    rows = host.get_fact(RoceGidTable, device=rdma_device, port=rdma_port)
+    index = roce_v2_index(rows or [], fabric_ip, interface)
+    if index is None:
+        if _preparing():
+            # The fabric address may only be set by an earlier operation of this run.
+            yield StringCommand("echo", f"GID index of {fabric_ip} is read once the address is set")
+            return
+        table = (
+            "; ".join(f"{r['index']}: {r['gid']} {r['type']} {r['ndev']}" for r in rows)
+            if rows else "no table" if rows is None else "no populated rows"
+        )
+        raise OperationError(
+            f"{host.name}: {rdma_device} port {rdma_port} has no RoCE v2 GID for {fabric_ip} "
+            f"on {interface}; the table holds: {table}"
+        )
+    env = dict(variables)
+    env["NCCL_IB_GID_INDEX"] = str(index)
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    yield from files.template._inner(
+        src=str(TEMPLATES / "etc/sparkinfra/nccl.env.j2"),
+        dest=path, user="root", group="root", mode="600",
+        variables=sorted(env.items()),
+    )
+
+
+@operation()
+def nccl_pinned(path: str, version: str, upload: str = ""):
+    """
+    Ensure the pinned libnccl is on the node and reports the wanted version.
+
+    + path: the library on the node (``VLLM_NCCL_SO_PATH``/``LD_PRELOAD`` point at it)
+    + version: what ``ncclGetVersion`` must report, ``2.30.7``
+    + upload: a controller file to place at ``path`` first; empty: it must already be there
+    """
+    if upload:
+        yield from files.put._inner(src=upload, dest=path, user="root", group="root", mode="644")
+    elif not host.get_fact(File, path=path):
+        raise OperationError(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
+    if _preparing():
+        return
+    found = host.get_fact(NcclVersion, path=path)
+    if found != version:
+        raise OperationError(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
+    host.noop(f"{path} reports NCCL {found}")
+
+
+@operation()
+def ssh_key_present(path: str, comment: str):
+    """
+    Ensure an ed25519 key pair exists (generated here; the private key never leaves the host).
+
+    + path: the private key; the public key is ``path + ".pub"``
+    + comment: the key's comment
+    """
+    if host.get_fact(File, path=path) and host.get_fact(File, path=f"{path}.pub"):
+        host.noop(f"{path} exists")
+        return
+    yield StringCommand("mkdir", "-p", "-m", "700", QuoteString(str(Path(path).parent)))
+    yield StringCommand("rm", "-f", QuoteString(path), QuoteString(f"{path}.pub"))
+    yield StringCommand("ssh-keygen", "-q", "-t", "ed25519", "-N", "''", "-C", QuoteString(comment), "-f", QuoteString(path))
+
+
+@operation()
+def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present: bool = True):
+    """
+    Ensure another host's public key is authorized for ``user`` here, from ``from_ip`` only.
+
+    + user: the local user the key logs in as
+    + key_host: the pyinfra host holding the key (read when this operation runs)
+    + key_path: the public key file on ``key_host``
+    + from_ip: the only source address the key is accepted from (the head's fabric IP)
+    """
+    pubkey = (key_host.get_fact(FileContents, path=key_path) or [""])[0].strip()
+    if not pubkey:
+        if _preparing():
+            yield StringCommand("echo", f"the key {key_path} of {key_host.name} is generated first")
+            return
+        raise OperationError(f"{host.name}: no public key {key_path} on {key_host.name}")
+    home = host.get_fact(Home, user=user)
+    line = f'from="{from_ip}" {pubkey}'
+    yield from files.directory._inner(path=f"{home}/.ssh", user=user, group=user, mode="700")
+    yield from files.line._inner(
+        path=f"{home}/.ssh/authorized_keys",
+        line=f".*{re.escape(pubkey.split()[1])}.*",
+        replace=line,
+        present=present,
+    )
+    yield from files.file._inner(path=f"{home}/.ssh/authorized_keys", user=user, group=user, mode="600")
+
+
+@operation()
+def stale_container_absent(container: str):
+    """
+    Ensure no stopped container holds a lane's container name (an aborted launch leaves a
+    placeholder that eats the next launch's exec script).
+
+    + container: the container name (``vllm_node``)
+    """
+    state = host.get_fact(DockerContainer, container=container)
+    if state is None or state["running"]:
+        host.noop(f"no stale container {container}")
+        return
+    yield StringCommand("docker", "rm", "-f", QuoteString(container))
+
+
+@operation(is_idempotent=False)
+def page_caches_dropped():
+    """
+    Drop the page cache (run it right before a lane starts, with ``_if=``: not on every converge).
+    """
+    yield "sync"
+    yield "echo 3 > /proc/sys/vm/drop_caches"

@@ -35,6 +35,22 @@ def _rule(key: str, message: str, host: str | None = None) -> PydanticCustomErro
     return PydanticCustomError("settings", message, {"key": key, "host": host or ""})
 
 
+# The field reports' NCCL environment (seed 004); per-node values are added by prepare.
+DEFAULT_NCCL_ENV = {
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_NET": "ib",
+    "NCCL_NET_PLUGIN": "none",
+    "NCCL_IB_MERGE_NICS": "1",
+    "NCCL_IB_QPS_PER_CONNECTION": "8",
+    "NCCL_IB_SPLIT_DATA_ON_QPS": "1",
+    "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+    "NCCL_NET_GDR_LEVEL": "LOC",
+    "NCCL_CUMEM_ENABLE": "0",
+    "NCCL_IGNORE_CPU_AFFINITY": "1",
+    "NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+
 class HostSettings(BaseModel):
     """
     What one host's data may hold, after pyinfra's layering. Unknown keys are errors.
@@ -56,23 +72,58 @@ class HostSettings(BaseModel):
     )
     rdma_port: int = Field(1, ge=1, description="Port of the RDMA devices.")
 
+    fabric_persist: bool = Field(
+        True,
+        description="Keep address and MTU in boot-time config (netplan where present, else a "
+        "unit of ours); false: the site persists them, ours is removed.",
+    )
+
+    # NCCL (deploys/prepare.py renders it to /etc/sparkinfra/nccl.env on every node)
+    nccl_env: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_NCCL_ENV),
+        description="NCCL/transport variables for every lane; per-node ones (GID index, HCAs, "
+        "interfaces, pin) are added.",
+    )
+    nccl_env_overrides: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="Site changes on top of everything rendered: a value replaces, null removes.",
+    )
+    nccl_version: str = Field(
+        "2.30.7", pattern=r"^\d+\.\d+\.\d+$", description="NCCL version every node must load."
+    )
+    nccl_library: str = Field(
+        "/opt/nccl/lib/libnccl.so.2",
+        pattern=r"^/",
+        description="The pinned libnccl.so.2 on each node (mounted at the same path into lanes).",
+    )
+    nccl_library_upload: str = Field(
+        "", description="Controller file placed at nccl_library on every node; empty: already there."
+    )
+
+    container_name: str = Field(
+        "vllm_node", description="Name of a lane's container on every node (stale ones are removed)."
+    )
+
+    # Preflight (deploys/preflight.py)
+    model_dir: str = Field(
+        "/var/lib/sparkinfra/hf", pattern=r"^/", description="Where model snapshots live on every node."
+    )
+    preflight_free_gb: float = Field(
+        240, ge=0, description="Free disk needed under model_dir (the staged models' size)."
+    )
+    api_port: int = Field(8000, ge=1, le=65535, description="Port the head serves the API on.")
+    master_port: int = Field(
+        29501, ge=1, le=65535, description="torch.distributed rendezvous port on the head."
+    )
+
     # Placeholders the later deploys extend
     image: str = Field("vllm-node:latest", description="Container image that backs every lane.")
     model: str = Field("", description="Target model repository id.")
     lane: str = Field("", description="Lane (recipe) to serve; empty: none.")
 
 
-# Keys every node of a cluster must agree on.
-CLUSTER_KEYS = (
-    "fabric_interface",
-    "fabric_subnet",
-    "fabric_mtu",
-    "rdma_devices",
-    "rdma_port",
-    "image",
-    "model",
-    "lane",
-)
+# Keys every node of a cluster must agree on: all but the node's own.
+CLUSTER_KEYS = tuple(k for k in HostSettings.model_fields if k not in ("cluster", "rank", "fabric_ip"))
 
 
 class Node(BaseModel):
@@ -105,9 +156,7 @@ class Cluster(BaseModel):
     name: str
     nodes: tuple[Node, ...]
     fabric: Fabric
-    image: str
-    model: str
-    lane: str
+    config: HostSettings  # the cluster-wide keys (every node agrees on them)
 
     @model_validator(mode="after")
     def _check_nodes(self) -> "Cluster":
@@ -361,9 +410,7 @@ def load_settings(
                     rdma_devices=tuple(first.rdma_devices),
                     rdma_port=first.rdma_port,
                 ),
-                image=first.image,
-                model=first.model,
-                lane=first.lane,
+                config=first,
             )
         except ValidationError as exc:
             key, host_name, message = _first_error(exc)

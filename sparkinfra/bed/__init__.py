@@ -50,7 +50,6 @@ BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,procps,rsync,python3,"
     "sudo,kmod,ca-certificates,docker.io"
 )
-HOST_PACKAGES = ("systemd-container", "debootstrap", "rsync", "zstd", "iproute2", "openssh-client")
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,25 @@ def sim_nodes(count: int = 2) -> list[SimNode]:
         )
         for i in range(1, count + 1)
     ]
+
+
+NCCL_STANDIN_VERSIONS = ("2.30.7", "2.27.3")  # the pinned one, and one a node must not run
+
+
+def nccl_standin(version: str) -> Path:
+    """The bed's stand-in libnccl.so.2 reporting ``version`` (built on the controller side)."""
+    return CONTROLLER_DIR / "nccl" / version / "libnccl.so.2"
+
+
+def build_nccl_standins() -> None:
+    for version in NCCL_STANDIN_VERSIONS:
+        major, minor, patch = (int(x) for x in version.split("."))
+        out = nccl_standin(version)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        run(
+            "cc", "-shared", "-fPIC", "-O2", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
+            "-Wl,-soname,libnccl.so.2", "-o", str(out), str(STANDINS / "nccl_standin.c"),
+        )
 
 
 def controller_key() -> Path:
@@ -499,6 +517,7 @@ def up(count: int = 2) -> dict:
     if not key.exists():
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkbed-controller", "-f", str(key))
     pubkey = key.with_suffix(".pub").read_text()
+    build_nccl_standins()
     state = {"nodes": [asdict(n) for n in nodes], "started": time.time()}
     state_file().write_text(json.dumps(state, indent=2) + "\n")
 
@@ -633,6 +652,13 @@ def down() -> None:
     clear_stale()
     remove_guard_routes()
     log(f"bed down in {time.monotonic() - started:.1f}s")
+
+
+def cable(name: str, plugged: bool) -> None:
+    """Pull (or plug back) a node's fabric cable at the switch (beds of 3+ nodes)."""
+    if not any(line.startswith(SWITCH_NS) for line in run("ip", "netns", "list", capture=True).stdout.splitlines()):
+        raise RuntimeError("a direct-cabled pair has no switch port to pull: bring the bed up with 3+ nodes")
+    ip("link", "set", f"p-{name}", "up" if plugged else "down", netns=SWITCH_NS)
 
 
 def reboot(name: str, timeout: float = 90.0) -> None:

@@ -59,9 +59,14 @@ class Bed:
         self.size = 0
 
     def ensure(self, nodes: int) -> None:
+        """A bed of this size, as earlier tests left it."""
         if self.size != nodes:
-            simbed.up(nodes)
-            self.size = nodes
+            self.fresh(nodes)
+
+    def fresh(self, nodes: int) -> None:
+        """A newly booted bed of this size: bare nodes, nothing converged yet."""
+        simbed.up(nodes)
+        self.size = nodes
 
     def controller(self, *args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
         """Run a command in the management namespace, from the project root."""

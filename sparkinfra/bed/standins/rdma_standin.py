@@ -130,6 +130,7 @@ def render():
 def main():
     fabricate_class_dir()
     render()
+    Path("/run/sparkbed/gid_ready").touch()  # the unit's ExecStartPost waits for the first table
     monitor = subprocess.Popen(["ip", "-o", "monitor", "link", "address"], stdout=subprocess.PIPE, text=True)
     print("rdma stand-in: GID table live", flush=True)
     for _ in monitor.stdout:

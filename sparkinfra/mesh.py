@@ -1,0 +1,43 @@
+"""
+The head's SSH mesh over the fabric: its own key, each worker's user and host key.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra.facts.files import FileContents
+
+from .settings import Cluster
+
+MESH_KEY = "/root/.ssh/sparkinfra_fabric"
+MESH_KNOWN_HOSTS = "/root/.ssh/sparkinfra_known_hosts"
+HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
+
+
+def mesh_config(cluster: Cluster) -> str:
+    """The head's SSH config entries: one per worker fabric IP, with that worker's user."""
+    blocks = []
+    for worker in cluster.workers:
+        blocks.append(
+            f"Host {worker.fabric_ip}\n"
+            f"    User {worker.ssh_user}\n"
+            f"    IdentityFile {MESH_KEY}\n"
+            f"    IdentitiesOnly yes\n"
+            f"    UserKnownHostsFile {MESH_KNOWN_HOSTS}\n"
+            f"    StrictHostKeyChecking yes\n"
+            f"    BatchMode yes"
+        )
+    return "\n".join(blocks)
+
+
+def mesh_known_hosts(cluster: Cluster, inventory) -> StringIO:
+    """Each worker's ed25519 host key, under its fabric IP (read from the worker itself)."""
+    lines = []
+    for worker in cluster.workers:
+        content = inventory.get_host(worker.name).get_fact(FileContents, path=HOST_KEY) or []
+        key = " ".join(" ".join(content).split()[:2])
+        if not key:
+            raise RuntimeError(f"{worker.name}: no SSH host key at {HOST_KEY}")
+        lines.append(f"{worker.fabric_ip} {key}\n")
+    return StringIO("".join(lines))

@@ -1,0 +1,48 @@
+"""deploys/preflight.py: a named check on a named host fails cleanly, and serve then changes nothing."""
+
+import pytest
+
+INV = "inventory/sim.py"
+PREFLIGHT = "deploys/preflight.py"
+
+FAULTS = {
+    # fault: (host, break, restore, failing check, extra --data)
+    "no GPU": ("spark-2", "mv /usr/local/bin/nvidia-smi /root/", "mv /root/nvidia-smi /usr/local/bin/", "gpu", ()),
+    "full disk": ("spark-1", None, None, "disk", ("preflight_free_gb=100000",)),
+    "fabric port missing": (
+        "spark-2", "ip link set enp1s0f0np0 down; ip link set enp1s0f0np0 name fabric-gone",
+        "ip link set fabric-gone name enp1s0f0np0; ip link set enp1s0f0np0 up", "fabric", (),
+    ),
+    "API port taken": (
+        "spark-1", "setsid python3 -m http.server 8000 >/dev/null 2>&1 < /dev/null & sleep 1",
+        "pkill -f '[h]ttp.server 8000' || true", "ports", (),
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_preflight_names_the_check_and_the_host(pair, fault):
+    host, breaks, restore, check, data = FAULTS[fault]
+    if breaks:
+        pair.node(host, breaks)
+    try:
+        run = pair.converge(INV, PREFLIGHT, *data, check=False)
+    finally:
+        if restore:
+            pair.node(host, restore)
+    assert run.returncode != 0
+    assert f"[{host}] preflight FAIL {check}" in run.stderr, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert '--> Preflight summary: {"passed":' in run.stderr
+    ok = pair.converge(INV, PREFLIGHT)
+    assert ok.returncode == 0
+
+
+def test_serve_changes_nothing_when_preflight_fails(pair):
+    pair.converge(INV, "deploys/prepare.py")
+    pair.node("spark-1", "ip addr flush dev enp1s0f0np0 scope global")
+    run = pair.converge(INV, "deploys/serve.py", "preflight_free_gb=100000", check=False)
+    assert run.returncode != 0 and "preflight failed, nothing changed" in run.stderr
+    assert "10.213.1.1" not in pair.node("spark-1", "ip -4 -o addr show dev enp1s0f0np0").stdout
+    heal = pair.converge(INV, "deploys/serve.py")
+    assert heal.changed_hosts() == {"spark-1"}
