@@ -233,3 +233,92 @@ class DockerContainer(FactBase):
         if len(words) != 2:
             return None
         return {"status": words[0], "running": words[1] == "true"}
+
+
+class DockerImageId(FactBase):
+    """
+    Returns the ID of a local image (``sha256:...``), or ``None`` when it is not there.
+
+    + image: the image name:tag
+    """
+
+    @override
+    def command(self, image: str) -> StringCommand:
+        return StringCommand(
+            "docker", "image", "inspect", "--format", QuoteString("{{.Id}}"), QuoteString(image),
+            "2>/dev/null", "||", "true",
+        )
+
+    @override
+    def process(self, output):
+        value = " ".join(output).strip()
+        return value if value.startswith("sha256:") else None
+
+
+def _snapshot_tool_command(*args: str) -> StringCommand:
+    from pathlib import Path
+
+    source = (Path(__file__).parent / "remote" / "snapshot_tool.py").read_text()
+    return StringCommand("python3", "-c", QuoteString(source), *(QuoteString(a) for a in args))
+
+
+class SnapshotManifest(FactBase):
+    """
+    Returns the state of a snapshot's cached manifest on this host:
+    ``{"exists": True, "stale": False, "files": 12, "bytes": 2147483648, "digest": "..."}``.
+
+    + repo_dir: the repository's folder in the HF cache (``.../models--org--name``)
+    """
+
+    @override
+    def requires_command(self, *args, **kwargs) -> str:
+        return "python3"
+
+    @override
+    def command(self, repo_dir: str) -> StringCommand:
+        return _snapshot_tool_command("manifest", repo_dir)
+
+    @override
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+class SnapshotManifestEncoded(FactBase):
+    """
+    Returns the cached manifest as a compact string (``None`` if there is none yet).
+
+    + repo_dir: the repository's folder in the HF cache
+    """
+
+    @override
+    def command(self, repo_dir: str) -> StringCommand:
+        return StringCommand(_snapshot_tool_command("encoded", repo_dir), "2>/dev/null", "||", "true")
+
+    @override
+    def process(self, output):
+        text = "".join(output).strip()
+        return text or None
+
+
+class SnapshotDiff(FactBase):
+    """
+    Returns how this host's copy of a snapshot differs from a manifest:
+    ``{"missing": [...], "shorter": [...], "differ": [...], "links": [...], "in_sync": bool, "bytes_needed": n}``.
+
+    + repo_dir: the repository's folder in the HF cache
+    + manifest: the manifest, as ``SnapshotManifestEncoded`` returns it
+    + deep: compare sha256 of every file, not only sizes
+    """
+
+    @override
+    def requires_command(self, *args, **kwargs) -> str:
+        return "python3"
+
+    @override
+    def command(self, repo_dir: str, manifest: str, deep: bool = False) -> StringCommand:
+        args = ["compare", repo_dir, manifest] + (["--deep"] if deep else [])
+        return _snapshot_tool_command(*args)
+
+    @override
+    def process(self, output):
+        return json.loads("\n".join(output))

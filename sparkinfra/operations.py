@@ -6,6 +6,7 @@ fact says the state differs.
 from __future__ import annotations
 
 import re
+import shlex
 from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
@@ -16,8 +17,13 @@ from pyinfra.facts.files import File, FileContents
 from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
 
+from . import stage
 from .facts import (
     DockerContainer,
+    DockerImageId,
+    SnapshotDiff,
+    SnapshotManifest,
+    SnapshotManifestEncoded,
     FabricLink,
     NcclVersion,
     NetworkConfigBackend,
@@ -268,3 +274,180 @@ def page_caches_dropped():
     """
     yield "sync"
     yield "echo 3 > /proc/sys/vm/drop_caches"
+
+
+# Staging
+# -------
+
+
+@operation()
+def image_present(image: str, image_id: str = "", tarball: str = "", build: str = ""):
+    """
+    Ensure the image is on this host (the head): loaded from ``tarball`` or built by ``build``
+    when missing, and with ``image_id`` when one is given.
+
+    + image: name:tag
+    + image_id: the ID it must have (``sha256:...``); empty: any
+    + tarball: a ``docker save`` tarball on this host to load when the image is missing
+    + build: a shell command on this host that builds the image when it is missing
+    """
+    current = host.get_fact(DockerImageId, image=image)
+    if current is None:
+        if tarball:
+            yield StringCommand("docker", "load", "-i", QuoteString(tarball))
+        elif build:
+            yield StringCommand("sh", "-c", QuoteString(build))
+        else:
+            raise OperationError(f"{host.name}: image {image} is missing; set image_tarball or image_build")
+        if image_id:
+            yield StringCommand(
+                "test", f"\"$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)})\"", "=",
+                QuoteString(image_id), "||", "{", "echo", QuoteString(f"{image} is not {image_id}"), ">&2;", "exit", "1;", "}",
+            )
+        return
+    if image_id and current != image_id:
+        raise OperationError(f"{host.name}: image {image} is {current}, settings want {image_id}")
+    host.noop(f"{image} is {current}")
+
+
+@operation()
+def image_on_workers(image: str, workers: list):
+    """
+    Ensure every worker has the head's image ID: only workers whose ID differs receive it,
+    streamed from this host (the head) over the fabric, all at once; 0 bytes move otherwise.
+
+    + image: name:tag
+    + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
+    """
+    head_id = host.get_fact(DockerImageId, image=image)
+    if head_id is None:
+        if _preparing():
+            yield StringCommand("echo", f"{image} reaches the workers once it is on the head")
+            return
+        raise OperationError(f"{host.name}: {image} is not on the head")
+    behind = [(w, ip) for w, ip in workers if w.get_fact(DockerImageId, image=image) != head_id]
+    if not behind:
+        host.noop(f"every worker has {image} {head_id[:19]}")
+        return
+    img = shlex.quote(image)
+    lines = ["rc=0"]
+    for w, ipaddr in behind:
+        lines.append(
+            f"(docker save {img} | {stage.MESH_SSH} {ipaddr} 'sudo -n docker load -q' >/dev/null) "
+            f"& pids=\"${{pids:-}} $!\""
+        )
+    lines.append("for p in $pids; do wait $p || rc=1; done")
+    for w, ipaddr in behind:
+        lines.append(
+            f"got=$({stage.MESH_SSH} {ipaddr} \"sudo -n docker image inspect --format '{{{{.Id}}}}' {img}\" 2>/dev/null); "
+            f"[ \"$got\" = {head_id} ] || {{ echo \"{w.name}: {image} is ${{got:-missing}}, the head has {head_id}\" >&2; rc=1; }}"
+        )
+    lines.append("exit $rc")
+    yield StringCommand("bash", "-c", QuoteString("\n".join(lines)))
+
+
+@operation()
+def snapshot_manifest(repo_dir: str):
+    """
+    Ensure the snapshot's manifest (path, size, sha256 of every file) is current on this host;
+    only files whose size or mtime changed are hashed again.
+
+    + repo_dir: the repository's folder in the HF cache
+    """
+    state = host.get_fact(SnapshotManifest, repo_dir=repo_dir)
+    if not state.get("exists"):
+        if _preparing():
+            yield StringCommand("echo", f"manifest of {repo_dir} once the snapshot is there")
+            return
+        raise OperationError(f"{host.name}: no snapshot at {repo_dir}")
+    if not state["stale"]:
+        host.noop(f"manifest of {repo_dir}: {state['files']} files, {state['bytes']} bytes")
+        return
+    yield StringCommand(_snapshot_tool("manifest", repo_dir, "--write"))
+
+
+def _snapshot_tool(*args: str) -> StringCommand:
+    from .facts import _snapshot_tool_command
+
+    return _snapshot_tool_command(*args)
+
+
+@operation()
+def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, streams: int, deep: bool = False):
+    """
+    Ensure every worker's copy of a snapshot matches this host's (the head's) manifest: the
+    workers that differ pull only missing, short or differing files, in parallel streams,
+    from a read-only rsync daemon the head runs on its fabric address for the transfer only.
+
+    + repo_dir: the repository's folder in the HF cache (the same path on every node)
+    + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
+    + bind_ip, port: where the head's daemon listens during the transfer
+    + streams: parallel rsync streams per worker
+    + deep: compare sha256 of every file on the workers, not only sizes
+    """
+    manifest = host.get_fact(SnapshotManifestEncoded, repo_dir=repo_dir)
+    if manifest is None:
+        if _preparing():
+            yield StringCommand("echo", f"{repo_dir} reaches the workers once its manifest is made")
+            return
+        raise OperationError(f"{host.name}: no manifest for {repo_dir}")
+    behind = []
+    for w, ipaddr in workers:
+        diff = w.get_fact(SnapshotDiff, repo_dir=repo_dir, manifest=manifest, deep=deep)
+        if not diff["in_sync"]:
+            behind.append((w, ipaddr, diff))
+    if not behind:
+        host.noop(f"every worker matches the manifest of {repo_dir}")
+        return
+    sizes = {e["path"]: e.get("size", 0) for e in _decode_manifest(manifest)["entries"]}
+    rel = repo_dir.rstrip("/").rsplit("/", 1)[1]
+    root = repo_dir.rstrip("/").rsplit("/", 1)[0]
+    allow = " ".join(ipaddr for _, ipaddr, _ in behind)
+    conf = (
+        f"address = {bind_ip}\nport = {int(port)}\nuse chroot = no\nnumeric ids = yes\n"
+        f"[stage]\npath = {root}\nread only = yes\nhosts allow = {allow}\nhosts deny = *\n"
+    )
+    lines = [
+        "set -u; run=$(mktemp -d /run/sparkinfra-stage.XXXXXX)",
+        f"printf %s {shlex.quote(conf)} > $run/rsyncd.conf",
+        "rsync --daemon --no-detach --config=$run/rsyncd.conf & daemon=$!",
+        "trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
+        f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
+        "rc=0",
+    ]
+    source = f"rsync://{bind_ip}:{int(port)}/stage/{rel}/"
+    for w, ipaddr, diff in behind:
+        script = stage.pull_script(diff, sizes, repo_dir, source, streams)
+        lines.append(
+            f"{stage.MESH_SSH} {ipaddr} {shlex.quote(stage.run_remote(script))} "
+            f"& pids=\"${{pids:-}} $!\""
+        )
+    lines.append("for p in $pids; do wait $p || rc=1; done; exit $rc")
+    yield StringCommand("bash", "-c", QuoteString("\n".join(lines)))
+
+
+def _decode_manifest(text: str) -> dict:
+    from .remote.snapshot_tool import decode
+
+    return decode(text)
+
+
+@operation()
+def snapshot_matches(repo_dir: str, head, deep: bool = False):
+    """
+    Ensure this host's copy of a snapshot matches the head's manifest (checked, never changed
+    here: the head stages it). A mismatch after staging is an error naming the files.
+
+    + repo_dir: the repository's folder in the HF cache
+    + head: the pyinfra host holding the manifest
+    + deep: compare sha256 of every file, not only sizes
+    """
+    if _preparing():
+        return
+    manifest = head.get_fact(SnapshotManifestEncoded, repo_dir=repo_dir)
+    diff = host.get_fact(SnapshotDiff, repo_dir=repo_dir, manifest=manifest or "", deep=deep) if manifest else None
+    if diff is None or not diff["in_sync"]:
+        names = (diff or {}).get("missing", []) + (diff or {}).get("shorter", []) + (diff or {}).get("differ", []) + (diff or {}).get("links", [])
+        raise OperationError(f"{host.name}: {repo_dir} does not match the head's manifest: {names[:20]}")
+    host.noop(f"{repo_dir} matches the head's manifest")
+    yield from ()

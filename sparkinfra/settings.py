@@ -13,7 +13,7 @@ import ast
 from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -116,9 +116,26 @@ class HostSettings(BaseModel):
         29501, ge=1, le=65535, description="torch.distributed rendezvous port on the head."
     )
 
-    # Placeholders the later deploys extend
+    # Staging (deploys/stage.py)
     image: str = Field("vllm-node:latest", description="Container image that backs every lane.")
+    image_id: str = Field(
+        "", pattern=r"^(sha256:[0-9a-f]{64})?$", description="Expected image ID; empty: the head's."
+    )
+    image_build: str = Field("", description="Command run on the head to build the image when missing.")
+    image_tarball: str = Field("", description="docker-save tarball on the head, loaded when missing.")
     model: str = Field("", description="Target model repository id.")
+    model_revision: str = Field("main", description="Pinned revision (commit) of the target model.")
+    drafter: str = Field("", description="Drafter model repository id; empty: none.")
+    drafter_revision: str = Field("main", description="Pinned revision (commit) of the drafter.")
+    hf_token_env: str = Field(
+        "HF_TOKEN", description="Controller environment variable holding the Hugging Face token."
+    )
+    stage_verify: Literal["size", "deep"] = Field(
+        "size", description="How workers are compared to the manifest: sizes, or sha256 of every file."
+    )
+    stage_port: int = Field(8730, ge=1, le=65535, description="Port of the head's transfer daemon (fabric only).")
+    stage_streams: int = Field(8, ge=1, le=64, description="Parallel transfer streams per worker.")
+
     lane: str = Field("", description="Lane (recipe) to serve; empty: none.")
 
 

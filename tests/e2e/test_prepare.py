@@ -67,8 +67,8 @@ FAULTS = {
     ),
     "GID index moved (address re-added after an IPv6 one)": (
         "spark-1",
-        "ip addr del 10.213.1.1/24 dev enp1s0f0np0; ip addr add fd00:213:1::1/64 dev enp1s0f0np0 nodad;"
-        " ip addr add 10.213.1.1/24 dev enp1s0f0np0; sleep 0.5",
+        "ip addr del 10.213.1.1/24 dev enp1s0f0np0; sleep 0.3; ip addr add fd00:213:1::1/64 dev enp1s0f0np0 nodad;"
+        " sleep 0.3; ip addr add 10.213.1.1/24 dev enp1s0f0np0; sleep 0.5",
         {"NCCL environment"}, "test_nccl_env_has_this_nodes_gid_index",
     ),
     "mesh key removed from the worker": (

@@ -1,0 +1,142 @@
+"""
+Runs ON a node (python3, stdlib only; shipped inline by sparkinfra.stage): the manifest of a model
+snapshot in HF-cache layout, and how a node's copy differs from it.
+
+    python3 - manifest REPO_DIR [--write]        -> {"stale": bool, "files": n, "bytes": n, "digest": ...}
+    python3 - compare REPO_DIR MANIFEST_B64 [--deep] -> {"missing": [...], "differ": [...], ...}
+
+The manifest (``.sparkinfra-manifest.json`` in the repo folder) lists every regular file (relative
+path, size, mtime_ns, sha256) and every symlink (target) of the repo folder; sha256 is computed
+once and reused while a file's size and mtime stay the same.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import zlib
+
+MANIFEST = ".sparkinfra-manifest.json"
+SKIP_PREFIX = (".sparkinfra", ".locks")
+
+
+def _walk(repo):
+    for root, dirs, files in os.walk(repo):
+        linked = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        dirs[:] = sorted(d for d in dirs if d not in linked and not d.startswith(SKIP_PREFIX))
+        for name in sorted(files + linked):
+            if name.startswith(SKIP_PREFIX):
+                continue
+            path = os.path.join(root, name)
+            yield os.path.relpath(path, repo), path
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build(repo, cached=None):
+    """The manifest of ``repo``, reusing ``cached`` hashes of files whose size and mtime are unchanged."""
+    old = {e["path"]: e for e in (cached or {}).get("entries", [])}
+    entries = []
+    for rel, path in _walk(repo):
+        if os.path.islink(path):
+            entries.append({"path": rel, "link": os.readlink(path)})
+            continue
+        st = os.stat(path)
+        prev = old.get(rel)
+        if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+            sha = prev["sha256"]
+        else:
+            sha = _sha256(path)
+        entries.append({"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha})
+    body = json.dumps(
+        [{k: v for k, v in e.items() if k != "mtime_ns"} for e in entries], sort_keys=True
+    ).encode()
+    return {"entries": entries, "digest": hashlib.sha256(body).hexdigest()}
+
+
+def manifest(repo, write=False):
+    path = os.path.join(repo, MANIFEST)
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        cached = None
+    if not os.path.isdir(repo):
+        return {"exists": False, "stale": True}
+    fresh = build(repo, cached)
+    stale = cached is None or cached.get("entries") != fresh["entries"]
+    if stale and write:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(fresh, f)
+        os.replace(tmp, path)
+    files = [e for e in fresh["entries"] if "size" in e]
+    return {
+        "exists": True,
+        "stale": stale and not write,
+        "written": stale and write,
+        "files": len(files),
+        "bytes": sum(e["size"] for e in files),
+        "digest": fresh["digest"],
+    }
+
+
+def compare(repo, wanted, deep=False):
+    """How ``repo`` differs from the manifest ``wanted``: what to send, what to drop first."""
+    missing, shorter, differ, links = [], [], [], []
+    need = 0
+    for e in wanted["entries"]:
+        path = os.path.join(repo, e["path"])
+        if "link" in e:
+            if not os.path.islink(path) or os.readlink(path) != e["link"]:
+                links.append(e["path"])
+            continue
+        if not os.path.isfile(path) or os.path.islink(path):
+            missing.append(e["path"])
+            need += e["size"]
+            continue
+        size = os.path.getsize(path)
+        if size < e["size"]:
+            shorter.append(e["path"])  # an interrupted transfer: resumed, not resent
+            need += e["size"] - size
+        elif size > e["size"] or (deep and _sha256(path) != e["sha256"]):
+            differ.append(e["path"])
+            need += e["size"]
+    wanted_paths = {e["path"] for e in wanted["entries"]}
+    extra = [rel for rel, _ in _walk(repo) if rel not in wanted_paths] if os.path.isdir(repo) else []
+    return {
+        "missing": missing, "shorter": shorter, "differ": differ, "links": links, "extra": extra,
+        "bytes_needed": need, "in_sync": not (missing or shorter or differ or links or extra),
+    }
+
+
+def encode(manifest_doc):
+    """A manifest as a compact command-line argument."""
+    slim = {"entries": [{k: v for k, v in e.items() if k != "mtime_ns"} for e in manifest_doc["entries"]]}
+    return base64.b64encode(zlib.compress(json.dumps(slim).encode(), 9)).decode()
+
+
+def decode(text):
+    return json.loads(zlib.decompress(base64.b64decode(text)))
+
+
+def main(argv):
+    if argv[0] == "manifest":
+        print(json.dumps(manifest(argv[1], write="--write" in argv)))
+    elif argv[0] == "compare":
+        print(json.dumps(compare(argv[1], decode(argv[2]), deep="--deep" in argv)))
+    elif argv[0] == "encoded":
+        with open(os.path.join(argv[1], MANIFEST)) as f:
+            print(encode(json.load(f)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
