@@ -6,3 +6,10 @@ fabric_mtu = 4200
 nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so.2"
 model_dir = "/var/lib/sparkinfra/hf"
 preflight_free_gb = 1
+
+# Staging: the bed's image is built on the head from a rootfs the bed provides (no registry);
+# the bed places a synthetic snapshot (HF-cache layout) on the head, as if downloaded.
+image = "sparkbed/stage:1"
+image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
+model = "sparkbed/synthetic-moe"
+model_revision = "5e1f0c1a0b5a0d7e0c0ffee0000000000000beef"

@@ -5,6 +5,8 @@ fact says the state differs.
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import shlex
 from ipaddress import IPv4Interface, IPv4Network
@@ -13,7 +15,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.state import StateStage
-from pyinfra.facts.files import File, FileContents
+from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
 
@@ -98,6 +100,14 @@ def _preparing() -> bool:
     return host.state.current_stage != StateStage.Execute
 
 
+def _refuse(message: str):
+    """Stop this operation on this host with ``message``: an error while preparing, a failing
+    command (its message in pyinfra's output, no traceback) while running."""
+    if _preparing():
+        raise OperationError(message)
+    yield StringCommand("sh", "-c", QuoteString(f"echo {shlex.quote(message)} >&2; exit 1"))
+
+
 @operation()
 def fabric_persisted(interface: str, address: str, mtu: int, present: bool = True):
     """
@@ -169,10 +179,11 @@ def nccl_environment(
             "; ".join(f"{r['index']}: {r['gid']} {r['type']} {r['ndev']}" for r in rows)
             if rows else "no table" if rows is None else "no populated rows"
         )
-        raise OperationError(
+        yield from _refuse(
             f"{host.name}: {rdma_device} port {rdma_port} has no RoCE v2 GID for {fabric_ip} "
             f"on {interface}; the table holds: {table}"
         )
+        return
     env = dict(variables)
     env["NCCL_IB_GID_INDEX"] = str(index)
     for key, value in overrides.items():
@@ -204,7 +215,8 @@ def nccl_pinned(path: str, version: str, upload: str = ""):
         return
     found = host.get_fact(NcclVersion, path=path)
     if found != version:
-        raise OperationError(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
+        yield from _refuse(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
+        return
     host.noop(f"{path} reports NCCL {found}")
 
 
@@ -239,7 +251,8 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
         if _preparing():
             yield StringCommand("echo", f"the key {key_path} of {key_host.name} is generated first")
             return
-        raise OperationError(f"{host.name}: no public key {key_path} on {key_host.name}")
+        yield from _refuse(f"{host.name}: no public key {key_path} on {key_host.name}")
+        return
     home = host.get_fact(Home, user=user)
     line = f'from="{from_ip}" {pubkey}'
     yield from files.directory._inner(path=f"{home}/.ssh", user=user, group=user, mode="700")
@@ -324,7 +337,8 @@ def image_on_workers(image: str, workers: list):
         if _preparing():
             yield StringCommand("echo", f"{image} reaches the workers once it is on the head")
             return
-        raise OperationError(f"{host.name}: {image} is not on the head")
+        yield from _refuse(f"{host.name}: {image} is not on the head")
+        return
     behind = [(w, ip) for w, ip in workers if w.get_fact(DockerImageId, image=image) != head_id]
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")
@@ -359,7 +373,8 @@ def snapshot_manifest(repo_dir: str):
         if _preparing():
             yield StringCommand("echo", f"manifest of {repo_dir} once the snapshot is there")
             return
-        raise OperationError(f"{host.name}: no snapshot at {repo_dir}")
+        yield from _refuse(f"{host.name}: no snapshot at {repo_dir}")
+        return
     if not state["stale"]:
         host.noop(f"manifest of {repo_dir}: {state['files']} files, {state['bytes']} bytes")
         return
@@ -390,7 +405,8 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
         if _preparing():
             yield StringCommand("echo", f"{repo_dir} reaches the workers once its manifest is made")
             return
-        raise OperationError(f"{host.name}: no manifest for {repo_dir}")
+        yield from _refuse(f"{host.name}: no manifest for {repo_dir}")
+        return
     behind = []
     for w, ipaddr in workers:
         diff = w.get_fact(SnapshotDiff, repo_dir=repo_dir, manifest=manifest, deep=deep)
@@ -400,11 +416,11 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
     sizes = {e["path"]: e.get("size", 0) for e in _decode_manifest(manifest)["entries"]}
-    rel = repo_dir.rstrip("/").rsplit("/", 1)[1]
     root = repo_dir.rstrip("/").rsplit("/", 1)[0]
     allow = " ".join(ipaddr for _, ipaddr, _ in behind)
     conf = (
         f"address = {bind_ip}\nport = {int(port)}\nuse chroot = no\nnumeric ids = yes\n"
+        "reverse lookup = no\n"
         f"[stage]\npath = {root}\nread only = yes\nhosts allow = {allow}\nhosts deny = *\n"
     )
     lines = [
@@ -415,7 +431,7 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
         f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
         "rc=0",
     ]
-    source = f"rsync://{bind_ip}:{int(port)}/stage/{rel}/"
+    source = f"rsync://{bind_ip}:{int(port)}/stage/"
     for w, ipaddr, diff in behind:
         script = stage.pull_script(diff, sizes, repo_dir, source, streams)
         lines.append(
@@ -448,6 +464,42 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
     diff = host.get_fact(SnapshotDiff, repo_dir=repo_dir, manifest=manifest or "", deep=deep) if manifest else None
     if diff is None or not diff["in_sync"]:
         names = (diff or {}).get("missing", []) + (diff or {}).get("shorter", []) + (diff or {}).get("differ", []) + (diff or {}).get("links", [])
-        raise OperationError(f"{host.name}: {repo_dir} does not match the head's manifest: {names[:20]}")
+        yield from _refuse(f"{host.name}: {repo_dir} does not match the head's manifest: {names[:20]}")
+        return
     host.noop(f"{repo_dir} matches the head's manifest")
-    yield from ()
+
+
+@operation()
+def snapshot_downloaded(repo: str, revision: str, cache_dir: str, token_env: str = "HF_TOKEN"):
+    """
+    Ensure a model snapshot is in this host's HF cache, downloaded once with ``huggingface_hub``
+    when it is not. The token (from the controller's ``token_env``) reaches the host only as a
+    0600 file, removed after the download; it is never on a command line.
+
+    + repo, revision: the repository and its pinned revision
+    + cache_dir: the HF hub cache folder (``model_dir``)
+    + token_env: the controller environment variable holding the token (may be unset)
+    """
+    repo_path = stage.repo_dir(cache_dir, repo)
+    if host.get_fact(Directory, path=f"{repo_path}/snapshots/{revision}") or (
+        not re.fullmatch(r"[0-9a-f]{40}", revision) and host.get_fact(File, path=f"{repo_path}/refs/{revision}")
+    ):
+        host.noop(f"{repo}@{revision} is in {cache_dir}")
+        return
+    token = os.environ.get(token_env, "")
+    token_file = f"/run/sparkinfra/hf_token.{abs(hash((repo, revision))) % 10**8}"
+    if token:
+        yield from files.put._inner(src=io.StringIO(token), dest=token_file, user="root", group="root", mode="600")
+    script = (
+        "import os, sys\n"
+        "from huggingface_hub import snapshot_download\n"
+        "f = sys.argv[4]; token = open(f).read().strip() if os.path.exists(f) else None\n"
+        "try:\n"
+        "    snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3], token=token)\n"
+        "finally:\n"
+        "    os.path.exists(f) and os.remove(f)\n"
+    )
+    yield StringCommand(
+        "python3", "-c", QuoteString(script), QuoteString(repo), QuoteString(revision),
+        QuoteString(cache_dir), QuoteString(token_file),
+    )

@@ -43,13 +43,15 @@ def split_streams(files: list[tuple[str, int]], streams: int) -> list[list[str]]
 def pull_script(diff: dict, sizes: dict[str, int], repo: str, source: str, streams: int) -> str:
     """
     Shell run as root on a worker: drop files that cannot be resumed, then pull what is missing
-    or short from ``source`` (``rsync://head:port/stage/models--org--name/``) in parallel streams.
+    or short from ``source`` (``rsync://head:port/stage/``, the head's cache folder) in parallel
+    streams. Paths in ``diff`` and ``sizes`` are relative to the repo folder ``repo``.
     """
-    lines = ["set -u", f"mkdir -p {shlex.quote(repo)}", f"cd {shlex.quote(repo)}"]
+    root, name = repo.rstrip("/").rsplit("/", 1)
+    lines = ["set -u", f"mkdir -p {shlex.quote(repo)}", f"cd {shlex.quote(root)}"]
     for path in diff["differ"] + diff["links"]:
-        lines.append(f"rm -f -- {shlex.quote(path)}")
+        lines.append(f"rm -f -- {shlex.quote(f'{name}/{path}')}")
     wanted = diff["missing"] + diff["shorter"] + diff["differ"] + diff["links"]
-    lists = split_streams([(p, sizes.get(p, 0)) for p in wanted], streams)
+    lists = split_streams([(f"{name}/{p}", sizes.get(p, 0)) for p in wanted], streams)
     lines.append("work=$(mktemp -d); trap 'rm -rf \"$work\"' EXIT")
     for i, paths in enumerate(lists):
         body = "\n".join(paths) + "\n"

@@ -264,6 +264,79 @@ def _prepare_base(root: Path) -> None:
     (root / "etc/machine-id").write_text("")
 
 
+# The bed's container image (built on the head by the deploy's image_build, from this rootfs)
+# ----------------------------------------------------------------------------------------
+
+IMAGE_ROOTFS = CACHE / "image-rootfs"
+IMAGE_ROOTFS_IN_NODE = "/var/lib/sparkbed/image-rootfs"
+IMAGE = "sparkbed/stage:1"
+IMAGE_BUILD = (
+    f"tar -C {IMAGE_ROOTFS_IN_NODE} -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - {IMAGE}"
+)
+
+
+def build_image_rootfs() -> None:
+    """A small Debian rootfs with python3 and huggingface_hub (in /opt/hf), made once."""
+    marker = IMAGE_ROOTFS / ".sparkbed-ready"
+    if marker.exists():
+        return
+    if IMAGE_ROOTFS.exists():
+        shutil.rmtree(IMAGE_ROOTFS)
+    started = time.monotonic()
+    run("cp", "-a", str(BASE), str(IMAGE_ROOTFS))
+    for bulky in ("usr/bin/dockerd", "usr/bin/docker", "usr/bin/containerd", "usr/bin/containerd-shim-runc-v2",
+                  "usr/sbin/runc", "usr/bin/runc", "usr/share/doc", "usr/share/man", "usr/share/locale",
+                  "var/cache/apt", "var/lib/apt/lists"):
+        path = IMAGE_ROOTFS / bulky
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+        "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
+    marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
+    log(f"image rootfs ready in {time.monotonic() - started:.0f}s")
+
+
+# Synthetic model snapshots in HF-cache layout
+# --------------------------------------------
+
+SIM_MODEL = "sparkbed/synthetic-moe"
+SIM_REVISION = "5e1f0c1a0b5a0d7e0c0ffee0000000000000beef"
+
+
+def make_snapshot(cache_dir: Path, repo: str, revision: str, large: int, large_bytes: int, small: int,
+                  small_bytes: int = 4096, seed: int = 0) -> Path:
+    """
+    Write a snapshot as ``huggingface_hub`` lays out its cache: content-addressed blobs,
+    ``snapshots/<revision>/<file>`` symlinks to them, ``refs/main``. Random content.
+    """
+    import hashlib
+    import random
+
+    repo_dir = cache_dir / f"models--{repo.replace('/', '--')}"
+    blobs, snap = repo_dir / "blobs", repo_dir / "snapshots" / revision
+    blobs.mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(revision)
+    rng = random.Random(seed)
+    files = [(f"model-{i + 1:05d}-of-{large:05d}.safetensors", large_bytes) for i in range(large)]
+    files += [(f"extra/part-{i:04d}.json", small_bytes) for i in range(small)]
+    files += [("config.json", 0)]
+    for name, size in files:
+        data = (b'{"architectures": ["SyntheticMoE"], "model_type": "llama"}' if name == "config.json"
+                else rng.randbytes(size))
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        link = snap / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(blobs / digest, link.parent))
+    return repo_dir
+
+
 # Nodes
 # -----
 
@@ -405,6 +478,7 @@ def nspawn_command(node: SimNode) -> list[str]:
         "--link-journal=no",
         "--console=read-only",
         f"--bind={node_dir(node.name) / 'docker'}:/var/lib/docker",
+        f"--bind-ro={IMAGE_ROOTFS}:{IMAGE_ROOTFS_IN_NODE}",
         "--bind=/usr/local/lib/sparkbed/drop_caches:/proc/sys/vm/drop_caches",
     ]
 
@@ -510,6 +584,7 @@ def up(count: int = 2) -> dict:
     clear_stale()
     install_guard_routes()
     build_base()
+    build_image_rootfs()
     nodes = sim_nodes(count)
     STATE.mkdir(parents=True, exist_ok=True)
     CONTROLLER_DIR.mkdir(parents=True, exist_ok=True)
@@ -533,6 +608,9 @@ def up(count: int = 2) -> dict:
             f"  IdentityFile {key}\n  UserKnownHostsFile {known_hosts()}\n"
             "  StrictHostKeyChecking yes\n  IdentitiesOnly yes\n  BatchMode yes\n"
         )
+    # The head holds a small model snapshot, as if downloaded: deploys/stage.py takes it from there.
+    make_snapshot(node_dir(nodes[0].name) / "root/var/lib/sparkinfra/hf", SIM_MODEL, SIM_REVISION,
+                  large=2, large_bytes=8 << 20, small=8)
     known_hosts().write_text("".join(host_lines))
     ssh_config().write_text("".join(config_lines))
     _make_networks(nodes)

@@ -1,0 +1,58 @@
+"""
+One image ID and one verified model snapshot on every node, moved head -> workers over the fabric.
+
+    pyinfra inventory/pair.py deploys/stage.py            # --data stage_verify=deep: sha256 of every file
+"""
+
+from pyinfra import host, inventory
+
+from sparkinfra import operations, settings, stage
+
+cluster = settings.current().cluster_of(host.name)
+config = cluster.config
+workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
+deep = config.stage_verify == "deep"
+
+if host.name == cluster.head.name:
+    operations.image_present(
+        name=f"Image {config.image} is on the head",
+        image=config.image,
+        image_id=config.image_id,
+        tarball=config.image_tarball,
+        build=config.image_build,
+    )
+    operations.image_on_workers(
+        name=f"Every worker has the head's {config.image}",
+        image=config.image,
+        workers=workers,
+    )
+for repo, revision in stage.models(cluster):
+    repo_dir = stage.repo_dir(config.model_dir, repo)
+    if host.name == cluster.head.name:
+        operations.snapshot_downloaded(
+            name=f"Snapshot {repo}@{revision[:12]} is on the head",
+            repo=repo,
+            revision=revision,
+            cache_dir=config.model_dir,
+            token_env=config.hf_token_env,
+        )
+        operations.snapshot_manifest(
+            name=f"Manifest of {repo} is current on the head",
+            repo_dir=repo_dir,
+        )
+        operations.snapshot_on_workers(
+            name=f"Every worker's {repo} matches the head's manifest",
+            repo_dir=repo_dir,
+            workers=workers,
+            bind_ip=str(cluster.head.fabric_ip),
+            port=config.stage_port,
+            streams=config.stage_streams,
+            deep=deep,
+        )
+    # On every node (the head checks its own copy): also keeps this step after the head's.
+    operations.snapshot_matches(
+        name=f"{repo} on every node matches the head's manifest",
+        repo_dir=repo_dir,
+        head=inventory.get_host(cluster.head.name),
+        deep=deep,
+    )
