@@ -3,11 +3,12 @@ Bare or torn-down cluster -> serving lane.
 
     pyinfra inventory/pair.py deploys/serve.py
 
-Steps so far: preflight (nothing changes if a node is not fit), prepare (fabric, NCCL, SSH mesh).
-Staging and the lane units join as they land.
+Steps so far: preflight (nothing changes if a node is not fit), prepare (fabric, NCCL, SSH mesh),
+stage (one image ID and the model snapshots on every node). The lane units join as they land.
 """
 
 from pyinfra import local
 
 local.include("deploys/preflight.py")
 local.include("deploys/prepare.py")
+local.include("deploys/stage.py")

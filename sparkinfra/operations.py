@@ -416,30 +416,9 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
     sizes = {e["path"]: e.get("size", 0) for e in _decode_manifest(manifest)["entries"]}
-    root = repo_dir.rstrip("/").rsplit("/", 1)[0]
-    allow = " ".join(ipaddr for _, ipaddr, _ in behind)
-    conf = (
-        f"address = {bind_ip}\nport = {int(port)}\nuse chroot = no\nnumeric ids = yes\n"
-        "reverse lookup = no\n"
-        f"[stage]\npath = {root}\nread only = yes\nhosts allow = {allow}\nhosts deny = *\n"
-    )
-    lines = [
-        "set -u; run=$(mktemp -d /run/sparkinfra-stage.XXXXXX)",
-        f"printf %s {shlex.quote(conf)} > $run/rsyncd.conf",
-        "rsync --daemon --no-detach --config=$run/rsyncd.conf & daemon=$!",
-        "trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
-        f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
-        "rc=0",
-    ]
-    source = f"rsync://{bind_ip}:{int(port)}/stage/"
-    for w, ipaddr, diff in behind:
-        script = stage.pull_script(diff, sizes, repo_dir, source, streams)
-        lines.append(
-            f"{stage.MESH_SSH} {ipaddr} {shlex.quote(stage.run_remote(script))} "
-            f"& pids=\"${{pids:-}} $!\""
-        )
-    lines.append("for p in $pids; do wait $p || rc=1; done; exit $rc")
-    yield StringCommand("bash", "-c", QuoteString("\n".join(lines)))
+    pulls = [(ipaddr, diff) for _, ipaddr, diff in behind]
+    script = stage.head_transfer_script(repo_dir, sizes, pulls, bind_ip, port, streams)
+    yield StringCommand("bash", "-c", QuoteString(script))
 
 
 def _decode_manifest(text: str) -> dict:

@@ -66,6 +66,39 @@ def pull_script(diff: dict, sizes: dict[str, int], repo: str, source: str, strea
     return "\n".join(lines) + "\n"
 
 
+def head_transfer_script(
+    repo: str, sizes: dict[str, int], pulls: list[tuple[str, dict]], bind_ip: str, port: int, streams: int
+) -> str:
+    """
+    Shell run as root on the head: a read-only rsync daemon on its fabric address, open to the
+    pulling workers only and only until they are done; each worker (reached through the SSH mesh)
+    runs its ``pull_script`` at the same time.
+
+    + pulls: ``(worker fabric IP, SnapshotDiff of the worker)`` of each worker that differs
+    """
+    root = repo.rstrip("/").rsplit("/", 1)[0]
+    allow = " ".join(ip for ip, _ in pulls)
+    conf = (
+        f"address = {bind_ip}\nport = {int(port)}\nuse chroot = no\nnumeric ids = yes\n"
+        f"reverse lookup = no\n[stage]\npath = {root}\nread only = yes\n"
+        f"hosts allow = {allow}\nhosts deny = *\n"
+    )
+    source = f"rsync://{bind_ip}:{int(port)}/stage/"
+    lines = [
+        "set -u; run=$(mktemp -d /run/sparkinfra-stage.XXXXXX)",
+        f"printf %s {shlex.quote(conf)} > $run/rsyncd.conf",
+        "rsync --daemon --no-detach --config=$run/rsyncd.conf & daemon=$!",
+        "trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
+        f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
+        "rc=0",
+    ]
+    for ipaddr, diff in pulls:
+        script = pull_script(diff, sizes, repo, source, streams)
+        lines.append(f"{MESH_SSH} {ipaddr} {shlex.quote(run_remote(script))} & pids=\"${{pids:-}} $!\"")
+    lines.append("for p in $pids; do wait $p || rc=1; done; exit $rc")
+    return "\n".join(lines)
+
+
 def run_remote(script: str) -> str:
     """A command line that runs ``script`` with ``sh`` as root on the far side of an ssh hop."""
     blob = base64.b64encode(script.encode()).decode()

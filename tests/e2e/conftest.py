@@ -75,6 +75,16 @@ class Bed:
             cwd=ROOT, text=True, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs,
         )
 
+    def converge_in_background(self, inventory: str, deploy: str, *data: str) -> subprocess.Popen:
+        """Start a converge and return at once (for faults that strike mid-run)."""
+        args = [str(BIN / "pyinfra"), "-y", inventory, deploy]
+        for item in data:
+            args += ["--data", item]
+        return subprocess.Popen(
+            ["ip", "netns", "exec", simbed.MGMT_NS, *args], cwd=ROOT,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
     def converge(self, inventory: str, deploy: str, *data: str, check: bool = True) -> Converge:
         args = [str(BIN / "pyinfra"), "-y", "--json", inventory, deploy]
         for item in data:
@@ -107,6 +117,10 @@ class Bed:
     def node(self, name: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a shell command inside a node, as root (the fault injector's hand)."""
         return simbed.node_exec(name, "sh", "-c", command, check=check)
+
+    def fabric_rx(self, name: str) -> int:
+        """Bytes a node has received on its fabric port (what a transfer to it moved)."""
+        return int(self.node(name, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes").stdout)
 
     def reboot(self, name: str) -> None:
         simbed.reboot(name)

@@ -35,6 +35,9 @@ def pytest_addoption(parser):
         "--data", action="append", default=[], metavar="KEY=VALUE",
         help="override data, as pyinfra's --data",
     )
+    group.addoption(
+        "--deep", action="store_true", help="compare sha256 of every staged file, not only sizes"
+    )
 
 
 @dataclass

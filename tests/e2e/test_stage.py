@@ -1,0 +1,143 @@
+"""
+deploys/stage.py on the simulated pair, with a locally built image and a synthetic snapshot in
+HF-cache layout: converge -> again (0 changes, 0 bytes) -> verify -> faults, each healed by one
+converge that moves only what is needed (measured on the worker's fabric port).
+"""
+
+import time
+
+import pytest
+
+from sparkinfra import bed as simbed
+
+INV = "inventory/sim.py"
+REPO = "sparkbed/e2e-moe"
+REV = "e2e0000000000000000000000000000000c0ffee"
+DATA = (f"model={REPO}", f"model_revision={REV}")
+SHARD = 48 << 20
+REPO_DIR = f"/var/lib/sparkinfra/hf/models--{REPO.replace('/', '--')}"
+SLACK = 2 << 20  # protocol overhead a transfer may add
+
+
+@pytest.fixture(scope="module")
+def staged(bed):
+    bed.fresh(2)
+    simbed.make_snapshot(
+        simbed.node_dir("spark-1") / "root/var/lib/sparkinfra/hf", REPO, REV,
+        large=3, large_bytes=SHARD, small=60, small_bytes=8192, seed=7,
+    )
+    bed.converge(INV, "deploys/prepare.py")
+    before = bed.fabric_rx("spark-2")
+    first = bed.converge(INV, "deploys/stage.py", *DATA)
+    return bed, first, bed.fabric_rx("spark-2") - before
+
+
+def _shard(n: int) -> str:
+    return f"{REPO_DIR}/snapshots/{REV}/model-{n:05d}-of-00003.safetensors"
+
+
+def _converge(bed, *extra):
+    before = bed.fabric_rx("spark-2")
+    run = bed.converge(INV, "deploys/stage.py", *DATA, *extra)
+    return run, bed.fabric_rx("spark-2") - before
+
+
+def _verify(bed, *args):
+    return bed.verify(INV, "--data", DATA[0], "--data", DATA[1], "-k", "stage", *args)
+
+
+def test_first_converge_stages_image_and_snapshot(staged):
+    bed, first, moved = staged
+    assert any("Every worker has the head's" in op for op in first.changed["spark-1"]), first.changed
+    assert any("matches the head's manifest" in op for op in first.changed["spark-1"])
+    assert moved >= 3 * SHARD, moved
+
+
+def test_second_converge_moves_nothing(staged):
+    bed, _, _ = staged
+    run, moved = _converge(bed)
+    assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
+    assert moved < 64 << 10, f"{moved} bytes moved on a no-op converge"
+
+
+def test_verify_passes_including_offline_resolution(staged):
+    bed, _, _ = staged
+    result = _verify(bed)
+    assert result.returncode == 0 and "4 passed" in result.output, result.output[-3000:]
+
+
+def _heal(bed, *extra, expect_max, expect_min=0):
+    broken = _verify(bed)
+    assert broken.returncode != 0, broken.output[-2000:]
+    run, moved = _converge(bed, *extra)
+    assert run.changed_hosts() == {"spark-1"}, run.changed  # the head sends; the worker only checks
+    assert expect_min <= moved <= expect_max + SLACK, f"moved {moved} bytes, expected {expect_min}..{expect_max}"
+    assert _verify(bed).returncode == 0
+    return moved
+
+
+def test_truncated_shard_is_resumed(staged):
+    bed, _, _ = staged
+    bed.node("spark-2", f"truncate -s {SHARD // 2} $(readlink -f {_shard(1)})")
+    _heal(bed, expect_min=SHARD // 2, expect_max=SHARD // 2)
+
+
+def test_deleted_shard_is_sent_again_alone(staged):
+    bed, _, _ = staged
+    bed.node("spark-2", f"rm $(readlink -f {_shard(2)})")
+    _heal(bed, expect_min=SHARD, expect_max=SHARD)
+
+
+def test_changed_small_file_is_caught_by_deep_verify_and_healed_by_deep_converge(staged):
+    bed, _, _ = staged
+    target = f"$(readlink -f {REPO_DIR}/snapshots/{REV}/extra/part-0003.json)"
+    bed.node("spark-2", f"f={target}; m=$(stat -c %Y $f); printf 'X' | dd of=$f bs=1 seek=100 conv=notrunc 2>/dev/null; touch -d @$m $f")
+    assert _verify(bed).returncode == 0  # same size and mtime: the size check cannot see it
+    deep = _verify(bed, "--deep")
+    assert deep.returncode != 0 and "differs from the head's manifest (sha256): ['blobs/" in deep.output, deep.output[-2000:]
+    run, moved = _converge(bed)
+    assert run.changes == {"spark-1": 0, "spark-2": 0}  # a size converge leaves it
+    run, moved = _converge(bed, "stage_verify=deep")
+    assert run.changed_hosts() == {"spark-1"} and moved <= 8192 + SLACK, (run.changed, moved)
+    assert _verify(bed, "--deep").returncode == 0
+
+
+def test_removed_image_is_streamed_again(staged):
+    bed, _, _ = staged
+    bed.node("spark-2", f"docker rmi -f {simbed.IMAGE} >/dev/null")
+    broken = _verify(bed)
+    assert broken.returncode != 0 and "test_every_node_has_the_heads_image" in broken.output
+    run, moved = _converge(bed)
+    assert any("Every worker has the head's" in op for op in run.changed["spark-1"])
+    assert moved > 50 << 20  # the image (hundreds of MB) moved, over the fabric
+    assert _verify(bed).returncode == 0
+    again, moved = _converge(bed)
+    assert again.changes == {"spark-1": 0, "spark-2": 0} and moved < 64 << 10
+
+
+def test_interrupted_transfer_resumes_without_resending_completed_files(staged):
+    bed, _, _ = staged
+    bed.node("spark-2", f"rm $(readlink -f {_shard(1)}) $(readlink -f {_shard(3)})")
+    # Slow the head's fabric egress so the transfer can be caught mid-file.
+    bed.node("spark-1", "tc qdisc add dev enp1s0f0np0 root tbf rate 120mbit burst 256kb latency 50ms")
+    try:
+        proc = bed.converge_in_background(INV, "deploys/stage.py", *DATA)
+        deadline = time.monotonic() + 60
+        partial = 0
+        while time.monotonic() < deadline:
+            sizes = bed.node("spark-2", f"cd {REPO_DIR}/blobs && stat -c %s * 2>/dev/null | sort -n | tail -n 3", check=False).stdout.split()
+            partial = max((int(x) for x in sizes if 64 << 10 < int(x) < SHARD), default=0)
+            if partial > SHARD // 4:
+                break
+            time.sleep(0.2)
+        bed.node("spark-2", "pkill -9 -x rsync || true")
+        proc.wait(timeout=60)
+    finally:
+        bed.node("spark-1", "tc qdisc del dev enp1s0f0np0 root || true")
+    assert partial > SHARD // 4, "the transfer was not caught mid-file"
+    have = int(bed.node("spark-2", f"du -cb {REPO_DIR}/blobs | tail -n 1 | cut -f1").stdout)
+    run, moved = _converge(bed)
+    assert run.changed_hosts() == {"spark-1"}
+    total = 3 * SHARD + 60 * 8192
+    assert moved <= total - have + SLACK, f"moved {moved}, only {total - have} were missing"
+    assert _verify(bed).returncode == 0

@@ -1,0 +1,65 @@
+"""deploys/stage.py: one image ID everywhere, every snapshot matching the head's manifest, resolvable offline."""
+
+import shlex
+
+import pytest
+
+from sparkinfra import stage
+from sparkinfra.facts import DockerImageId, SnapshotDiff, SnapshotManifestEncoded
+
+
+def _head(cluster):
+    return next(t for t in cluster if t.node.rank == 0)
+
+
+def _fact(target, fact, **kwargs):
+    command = fact().command(**kwargs)
+    out = target.root(command.get_raw_value() if hasattr(command, "get_raw_value") else command)
+    return fact().process(out.stdout.splitlines())
+
+
+def test_every_node_has_the_heads_image(cluster):
+    config = cluster[0].cluster.config
+    ids = {t.node.name: _fact(t, DockerImageId, image=config.image) for t in cluster}
+    head_id = ids[_head(cluster).node.name]
+    assert head_id, f"{config.image} is not on the head"
+    if config.image_id:
+        assert head_id == config.image_id, f"head has {head_id}, settings want {config.image_id}"
+    assert all(i == head_id for i in ids.values()), f"{config.image} differs: {ids}"
+
+
+def _snapshots(cluster):
+    return stage.models(cluster[0].cluster) if cluster else []
+
+
+def test_every_snapshot_matches_the_heads_manifest(cluster, request):
+    deep = request.config.getoption("deep")
+    config = cluster[0].cluster.config
+    for repo, _ in _snapshots(cluster):
+        repo_dir = stage.repo_dir(config.model_dir, repo)
+        manifest = _fact(_head(cluster), SnapshotManifestEncoded, repo_dir=repo_dir)
+        assert manifest, f"no manifest of {repo} on the head"
+        for t in cluster:
+            diff = _fact(t, SnapshotDiff, repo_dir=repo_dir, manifest=manifest, deep=deep)
+            bad = diff["missing"] + diff["shorter"] + diff["differ"] + diff["links"]
+            assert diff["in_sync"], f"{t}: {repo} differs from the head's manifest ({'sha256' if deep else 'sizes'}): {bad}"
+
+
+def test_snapshots_resolve_offline_in_the_image_on_every_node(node):
+    """What a lane container does: HF_HUB_OFFLINE=1 snapshot_download finds the pinned revision."""
+    config = node.cluster.config
+    models = stage.models(node.cluster)
+    if not models:
+        pytest.skip("no model in the settings")
+    for repo, revision in models:
+        code = (
+            "import sys; from huggingface_hub import snapshot_download; "
+            "print(snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3]))"
+        )
+        out = node.root(
+            f"docker run --rm --network none -e HF_HUB_OFFLINE=1 "
+            f"-v {shlex.quote(config.model_dir)}:{shlex.quote(config.model_dir)}:ro {shlex.quote(config.image)} "
+            f"python3 -c {shlex.quote(code)} {shlex.quote(repo)} {shlex.quote(revision)} {shlex.quote(config.model_dir)}"
+        )
+        assert out.rc == 0, f"{node}: {repo}@{revision} does not resolve offline: {out.stderr[-800:]}"
+        assert out.stdout.strip().endswith(f"/snapshots/{revision}"), out.stdout
