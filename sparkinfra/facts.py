@@ -256,18 +256,19 @@ class DockerImageId(FactBase):
 
 
 def _snapshot_tool_command(*args: str) -> StringCommand:
-    from pathlib import Path
+    from .stage import tool_source
 
-    source = (Path(__file__).parent / "remote" / "snapshot_tool.py").read_text()
-    return StringCommand("python3", "-c", QuoteString(source), *(QuoteString(a) for a in args))
+    return StringCommand("python3", "-c", QuoteString(tool_source()), *(QuoteString(a) for a in args))
 
 
 class SnapshotManifest(FactBase):
     """
-    Returns the state of a snapshot's cached manifest on this host:
+    Returns the manifest state of a snapshot copy on this host:
     ``{"exists": True, "stale": False, "files": 12, "bytes": 2147483648, "digest": "..."}``.
+    Equal digests on two hosts mean equal snapshots (paths, sizes, sha256, symlinks).
 
     + repo_dir: the repository's folder in the HF cache (``.../models--org--name``)
+    + deep: hash every file now instead of trusting the size/mtime cache
     """
 
     @override
@@ -275,49 +276,8 @@ class SnapshotManifest(FactBase):
         return "python3"
 
     @override
-    def command(self, repo_dir: str) -> StringCommand:
-        return _snapshot_tool_command("manifest", repo_dir)
-
-    @override
-    def process(self, output):
-        return json.loads("\n".join(output))
-
-
-class SnapshotManifestEncoded(FactBase):
-    """
-    Returns the cached manifest as a compact string (``None`` if there is none yet).
-
-    + repo_dir: the repository's folder in the HF cache
-    """
-
-    @override
-    def command(self, repo_dir: str) -> StringCommand:
-        return StringCommand(_snapshot_tool_command("encoded", repo_dir), "2>/dev/null", "||", "true")
-
-    @override
-    def process(self, output):
-        text = "".join(output).strip()
-        return text or None
-
-
-class SnapshotDiff(FactBase):
-    """
-    Returns how this host's copy of a snapshot differs from a manifest:
-    ``{"missing": [...], "shorter": [...], "differ": [...], "links": [...], "in_sync": bool, "bytes_needed": n}``.
-
-    + repo_dir: the repository's folder in the HF cache
-    + manifest: the manifest, as ``SnapshotManifestEncoded`` returns it
-    + deep: compare sha256 of every file, not only sizes
-    """
-
-    @override
-    def requires_command(self, *args, **kwargs) -> str:
-        return "python3"
-
-    @override
-    def command(self, repo_dir: str, manifest: str, deep: bool = False) -> StringCommand:
-        args = ["compare", repo_dir, manifest] + (["--deep"] if deep else [])
-        return _snapshot_tool_command(*args)
+    def command(self, repo_dir: str, deep: bool = False) -> StringCommand:
+        return _snapshot_tool_command("manifest", repo_dir, *(["--deep"] if deep else []))
 
     @override
     def process(self, output):

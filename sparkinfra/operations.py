@@ -20,12 +20,11 @@ from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
 
 from . import stage
+from .facts import _snapshot_tool_command
 from .facts import (
     DockerContainer,
     DockerImageId,
-    SnapshotDiff,
     SnapshotManifest,
-    SnapshotManifestEncoded,
     FabricLink,
     NcclVersion,
     NetworkConfigBackend,
@@ -378,53 +377,39 @@ def snapshot_manifest(repo_dir: str):
     if not state["stale"]:
         host.noop(f"manifest of {repo_dir}: {state['files']} files, {state['bytes']} bytes")
         return
-    yield StringCommand(_snapshot_tool("manifest", repo_dir, "--write"))
-
-
-def _snapshot_tool(*args: str) -> StringCommand:
-    from .facts import _snapshot_tool_command
-
-    return _snapshot_tool_command(*args)
+    yield _snapshot_tool_command("manifest", repo_dir, "--write")
 
 
 @operation()
 def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, streams: int, deep: bool = False):
     """
     Ensure every worker's copy of a snapshot matches this host's (the head's) manifest: the
-    workers that differ pull only missing, short or differing files, in parallel streams,
-    from a read-only rsync daemon the head runs on its fabric address for the transfer only.
+    workers whose manifest digest differs pull only missing, short or differing files, in
+    parallel streams, from a read-only rsync daemon the head runs on its fabric address for the
+    transfer only.
 
     + repo_dir: the repository's folder in the HF cache (the same path on every node)
     + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
     + bind_ip, port: where the head's daemon listens during the transfer
     + streams: parallel rsync streams per worker
-    + deep: compare sha256 of every file on the workers, not only sizes
+    + deep: hash every file on the workers, not only those whose size or mtime changed
     """
-    manifest = host.get_fact(SnapshotManifestEncoded, repo_dir=repo_dir)
-    if manifest is None:
+    mine = host.get_fact(SnapshotManifest, repo_dir=repo_dir)
+    if not mine.get("exists") or mine.get("stale"):
         if _preparing():
             yield StringCommand("echo", f"{repo_dir} reaches the workers once its manifest is made")
             return
-        yield from _refuse(f"{host.name}: no manifest for {repo_dir}")
+        yield from _refuse(f"{host.name}: no current manifest for {repo_dir}")
         return
-    behind = []
-    for w, ipaddr in workers:
-        diff = w.get_fact(SnapshotDiff, repo_dir=repo_dir, manifest=manifest, deep=deep)
-        if not diff["in_sync"]:
-            behind.append((w, ipaddr, diff))
+    behind = [
+        ipaddr for w, ipaddr in workers
+        if w.get_fact(SnapshotManifest, repo_dir=repo_dir, deep=deep).get("digest") != mine["digest"]
+    ]
     if not behind:
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
-    sizes = {e["path"]: e.get("size", 0) for e in _decode_manifest(manifest)["entries"]}
-    pulls = [(ipaddr, diff) for _, ipaddr, diff in behind]
-    script = stage.head_transfer_script(repo_dir, sizes, pulls, bind_ip, port, streams)
+    script = stage.head_transfer_script(repo_dir, behind, bind_ip, port, streams, deep)
     yield StringCommand("bash", "-c", QuoteString(script))
-
-
-def _decode_manifest(text: str) -> dict:
-    from .remote.snapshot_tool import decode
-
-    return decode(text)
 
 
 @operation()
@@ -435,17 +420,34 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
 
     + repo_dir: the repository's folder in the HF cache
     + head: the pyinfra host holding the manifest
-    + deep: compare sha256 of every file, not only sizes
+    + deep: hash every file, not only those whose size or mtime changed
     """
     if _preparing():
         return
-    manifest = head.get_fact(SnapshotManifestEncoded, repo_dir=repo_dir)
-    diff = host.get_fact(SnapshotDiff, repo_dir=repo_dir, manifest=manifest or "", deep=deep) if manifest else None
-    if diff is None or not diff["in_sync"]:
-        names = (diff or {}).get("missing", []) + (diff or {}).get("shorter", []) + (diff or {}).get("differ", []) + (diff or {}).get("links", [])
-        yield from _refuse(f"{host.name}: {repo_dir} does not match the head's manifest: {names[:20]}")
+    wanted = head.get_fact(SnapshotManifest, repo_dir=repo_dir)
+    mine = host.get_fact(SnapshotManifest, repo_dir=repo_dir, deep=deep)
+    if wanted.get("digest") and mine.get("digest") == wanted["digest"]:
+        host.noop(f"{repo_dir} matches the head's manifest ({mine['files']} files)")
         return
-    host.noop(f"{repo_dir} matches the head's manifest")
+    # Name the files: compare against the head's manifest, placed here for that.
+    content = "\n".join(head.get_fact(FileContents, path=f"{repo_dir}/{stage.MANIFEST}") or [])
+    check = f"/run/sparkinfra/{stage.MANIFEST}.{host.name}"
+    yield from files.put._inner(src=io.StringIO(content), dest=check, mode="600")
+    yield StringCommand(
+        "sh", "-c", QuoteString(
+            f"python3 -c {shlex.quote(stage.tool_source())} compare {shlex.quote(repo_dir)} {check}"
+            + (" --deep" if deep else "")
+            + f" | python3 -c {shlex.quote(_MISMATCH)} {shlex.quote(host.name)} {shlex.quote(repo_dir)}"
+        ),
+    )
+
+
+_MISMATCH = (
+    "import json, sys; d = json.load(sys.stdin); "
+    "bad = d['missing'] + d['shorter'] + d['differ'] + d['links']; "
+    "print(f'{sys.argv[1]}: {sys.argv[2]} does not match the head manifest: {bad[:20]}', file=sys.stderr); "
+    "sys.exit(1)"
+)
 
 
 @operation()

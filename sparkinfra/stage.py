@@ -15,6 +15,7 @@ import shlex
 
 from .settings import Cluster
 
+MANIFEST = ".sparkinfra-manifest.json"
 MESH_SSH = "ssh -o BatchMode=yes -o Compression=no -c aes128-gcm@openssh.com"
 
 
@@ -30,71 +31,68 @@ def models(cluster: Cluster) -> list[tuple[str, str]]:
     return [(repo, rev) for repo, rev in refs if repo]
 
 
-def split_streams(files: list[tuple[str, int]], streams: int) -> list[list[str]]:
-    """Spread files over ``streams`` lists of about equal bytes (largest first, greedy)."""
-    buckets: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, streams))]
-    for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
-        i = min(range(len(buckets)), key=lambda b: buckets[b][0])
-        total, paths = buckets[i]
-        buckets[i] = (total + size, paths + [path])
-    return [paths for _, paths in buckets if paths]
+def tool_source() -> str:
+    """The snapshot tool (``sparkinfra/remote/snapshot_tool.py``), run on nodes with python3."""
+    from pathlib import Path
+
+    return (Path(__file__).parent / "remote" / "snapshot_tool.py").read_text()
 
 
-def pull_script(diff: dict, sizes: dict[str, int], repo: str, source: str, streams: int) -> str:
+def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str:
     """
-    Shell run as root on a worker: drop files that cannot be resumed, then pull what is missing
-    or short from ``source`` (``rsync://head:port/stage/``, the head's cache folder) in parallel
-    streams. Paths in ``diff`` and ``sizes`` are relative to the repo folder ``repo``.
+    Shell run as root on a worker: fetch the head's manifest from ``source`` (the head's daemon,
+    ``rsync://head:port/stage/``), drop what cannot be resumed, pull what is missing or short in
+    parallel streams, then record this copy's own manifest (its cache of sizes and sha256).
     """
+    tool = tool_source()
     root, name = repo.rstrip("/").rsplit("/", 1)
-    lines = ["set -u", f"mkdir -p {shlex.quote(repo)}", f"cd {shlex.quote(root)}"]
-    for path in diff["differ"] + diff["links"]:
-        lines.append(f"rm -f -- {shlex.quote(f'{name}/{path}')}")
-    wanted = diff["missing"] + diff["shorter"] + diff["differ"] + diff["links"]
-    lists = split_streams([(f"{name}/{p}", sizes.get(p, 0)) for p in wanted], streams)
-    lines.append("work=$(mktemp -d); trap 'rm -rf \"$work\"' EXIT")
-    for i, paths in enumerate(lists):
-        body = "\n".join(paths) + "\n"
-        lines.append(f"printf %s {shlex.quote(body)} > \"$work/list.{i}\"")
-    for i, _ in enumerate(lists):
-        lines.append(
-            f"rsync -a --partial --inplace --append-verify --files-from=\"$work/list.{i}\" "
-            f"{shlex.quote(source)} . > \"$work/log.{i}\" 2>&1 & pids=\"${{pids:-}} $!\""
-        )
-    lines.append("rc=0; for p in ${pids:-}; do wait $p || rc=1; done")
-    lines.append("if [ $rc != 0 ]; then cat \"$work\"/log.* >&2; fi; exit $rc")
-    return "\n".join(lines) + "\n"
+    q = shlex.quote
+    return "\n".join([
+        "set -eu",
+        "work=$(mktemp -d); trap 'rm -rf \"$work\"' EXIT",
+        f"printf %s {q(base64.b64encode(tool.encode()).decode())} | base64 -d > \"$work/tool.py\"",
+        f"mkdir -p {q(repo)}",
+        f"rsync -a {q(f'{source}{name}/{MANIFEST}')} \"$work/manifest.json\"",
+        f"python3 \"$work/tool.py\" plan {q(repo)} \"$work/manifest.json\" \"$work\" {int(streams)}"
+        + (" --deep" if deep else "") + " > /dev/null",
+        f"cd {q(root)}",
+        "pids=",
+        "for list in \"$work\"/list.*; do [ -e \"$list\" ] || continue",
+        f"  rsync -a --partial --inplace --append-verify --files-from=\"$list\" {q(source)} . "
+        "> \"$list.log\" 2>&1 & pids=\"$pids $!\"",
+        "done",
+        "rc=0; for p in $pids; do wait $p || rc=1; done",
+        "if [ $rc != 0 ]; then cat \"$work\"/list.*.log >&2; exit $rc; fi",
+        f"python3 \"$work/tool.py\" manifest {q(repo)} --write > /dev/null",
+    ]) + "\n"
 
 
-def head_transfer_script(
-    repo: str, sizes: dict[str, int], pulls: list[tuple[str, dict]], bind_ip: str, port: int, streams: int
-) -> str:
+def head_transfer_script(repo: str, workers: list[str], bind_ip: str, port: int, streams: int, deep: bool = False) -> str:
     """
     Shell run as root on the head: a read-only rsync daemon on its fabric address, open to the
     pulling workers only and only until they are done; each worker (reached through the SSH mesh)
     runs its ``pull_script`` at the same time.
 
-    + pulls: ``(worker fabric IP, SnapshotDiff of the worker)`` of each worker that differs
+    + workers: the fabric IP of each worker whose copy differs
     """
     root = repo.rstrip("/").rsplit("/", 1)[0]
-    allow = " ".join(ip for ip, _ in pulls)
     conf = (
         f"address = {bind_ip}\nport = {int(port)}\nuse chroot = no\nnumeric ids = yes\n"
         f"reverse lookup = no\n[stage]\npath = {root}\nread only = yes\n"
-        f"hosts allow = {allow}\nhosts deny = *\n"
+        f"hosts allow = {' '.join(workers)}\nhosts deny = *\n"
     )
     source = f"rsync://{bind_ip}:{int(port)}/stage/"
+    remote = run_remote(pull_script(repo, source, streams, deep))
     lines = [
         "set -u; run=$(mktemp -d /run/sparkinfra-stage.XXXXXX)",
         f"printf %s {shlex.quote(conf)} > $run/rsyncd.conf",
         "rsync --daemon --no-detach --config=$run/rsyncd.conf & daemon=$!",
         "trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
         f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
-        "rc=0",
+        "rc=0; pids=",
     ]
-    for ipaddr, diff in pulls:
-        script = pull_script(diff, sizes, repo, source, streams)
-        lines.append(f"{MESH_SSH} {ipaddr} {shlex.quote(run_remote(script))} & pids=\"${{pids:-}} $!\"")
+    for ipaddr in workers:
+        lines.append(f"{MESH_SSH} {ipaddr} {shlex.quote(remote)} & pids=\"$pids $!\"")
     lines.append("for p in $pids; do wait $p || rc=1; done; exit $rc")
     return "\n".join(lines)
 

@@ -325,15 +325,26 @@ def make_snapshot(cache_dir: Path, repo: str, revision: str, large: int, large_b
     files += [(f"extra/part-{i:04d}.json", small_bytes) for i in range(small)]
     files += [("config.json", 0)]
     for name, size in files:
-        data = (b'{"architectures": ["SyntheticMoE"], "model_type": "llama"}' if name == "config.json"
-                else rng.randbytes(size))
-        digest = hashlib.sha256(data).hexdigest()
-        (blobs / digest).write_bytes(data)
+        tmp = blobs / ".incoming"
+        digest = hashlib.sha256()
+        with open(tmp, "wb") as out:
+            if name == "config.json":
+                chunk = b'{"architectures": ["SyntheticMoE"], "model_type": "llama"}'
+                out.write(chunk)
+                digest.update(chunk)
+            left = size
+            while left > 0:
+                chunk = rng.randbytes(min(left, 16 << 20))
+                out.write(chunk)
+                digest.update(chunk)
+                left -= len(chunk)
+        blob = blobs / digest.hexdigest()
+        tmp.rename(blob)
         link = snap / name
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink() or link.exists():
             link.unlink()
-        link.symlink_to(os.path.relpath(blobs / digest, link.parent))
+        link.symlink_to(os.path.relpath(blob, link.parent))
     return repo_dir
 
 

@@ -2,20 +2,24 @@
 Runs ON a node (python3, stdlib only; shipped inline by sparkinfra.stage): the manifest of a model
 snapshot in HF-cache layout, and how a node's copy differs from it.
 
-    python3 - manifest REPO_DIR [--write]        -> {"stale": bool, "files": n, "bytes": n, "digest": ...}
-    python3 - compare REPO_DIR MANIFEST_B64 [--deep] -> {"missing": [...], "differ": [...], ...}
+    python3 - manifest REPO_DIR [--write] [--deep]  -> {"stale": bool, "files": n, "bytes": n, "digest": ...}
+    python3 - show REPO_DIR [--deep]                -> the manifest of this copy, every entry
+    python3 - compare REPO_DIR MANIFEST_FILE [--deep] -> {"missing": [...], "differ": [...], ...}
+    python3 - plan REPO_DIR MANIFEST_FILE OUT_DIR STREAMS [--deep]
+        -> drops what cannot be resumed, writes OUT_DIR/list.N (paths relative to the cache folder)
+
+A node's manifest digest says everything about its copy: equal digests, equal snapshots (with
+``--deep`` every sha256 is computed afresh instead of trusted from the size/mtime cache).
 
 The manifest (``.sparkinfra-manifest.json`` in the repo folder) lists every regular file (relative
 path, size, mtime_ns, sha256) and every symlink (target) of the repo folder; sha256 is computed
 once and reused while a file's size and mtime stay the same.
 """
 
-import base64
 import hashlib
 import json
 import os
 import sys
-import zlib
 
 MANIFEST = ".sparkinfra-manifest.json"
 SKIP_PREFIX = (".sparkinfra", ".locks")
@@ -40,9 +44,9 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-def build(repo, cached=None):
+def build(repo, cached=None, deep=False):
     """The manifest of ``repo``, reusing ``cached`` hashes of files whose size and mtime are unchanged."""
-    old = {e["path"]: e for e in (cached or {}).get("entries", [])}
+    old = {} if deep else {e["path"]: e for e in (cached or {}).get("entries", [])}
     entries = []
     for rel, path in _walk(repo):
         if os.path.islink(path):
@@ -61,7 +65,7 @@ def build(repo, cached=None):
     return {"entries": entries, "digest": hashlib.sha256(body).hexdigest()}
 
 
-def manifest(repo, write=False):
+def manifest(repo, write=False, deep=False):
     path = os.path.join(repo, MANIFEST)
     try:
         with open(path) as f:
@@ -70,7 +74,7 @@ def manifest(repo, write=False):
         cached = None
     if not os.path.isdir(repo):
         return {"exists": False, "stale": True}
-    fresh = build(repo, cached)
+    fresh = build(repo, cached, deep)
     stale = cached is None or cached.get("entries") != fresh["entries"]
     if stale and write:
         tmp = path + ".tmp"
@@ -117,24 +121,46 @@ def compare(repo, wanted, deep=False):
     }
 
 
-def encode(manifest_doc):
-    """A manifest as a compact command-line argument."""
-    slim = {"entries": [{k: v for k, v in e.items() if k != "mtime_ns"} for e in manifest_doc["entries"]]}
-    return base64.b64encode(zlib.compress(json.dumps(slim).encode(), 9)).decode()
-
-
-def decode(text):
-    return json.loads(zlib.decompress(base64.b64decode(text)))
+def plan(repo, wanted, out_dir, streams, deep=False):
+    """Drop files that cannot be resumed; spread what to pull over ``streams`` lists (by bytes)."""
+    diff = compare(repo, wanted, deep)
+    name = os.path.basename(repo.rstrip("/"))
+    for rel in diff["differ"] + diff["links"]:
+        path = os.path.join(repo, rel)
+        if os.path.lexists(path):
+            os.remove(path)
+    sizes = {e["path"]: e.get("size", 0) for e in wanted["entries"]}
+    todo = sorted(diff["missing"] + diff["shorter"] + diff["differ"] + diff["links"], key=lambda p: (-sizes[p], p))
+    buckets = [[0, []] for _ in range(max(1, streams))]
+    for rel in todo:
+        bucket = min(buckets, key=lambda b: b[0])
+        bucket[0] += sizes[rel]
+        bucket[1].append(f"{name}/{rel}")
+    written = 0
+    for i, (_, paths) in enumerate(b for b in buckets if b[1]):
+        with open(os.path.join(out_dir, f"list.{i}"), "w") as f:
+            f.write("\n".join(paths) + "\n")
+        written += 1
+    return {"lists": written, "bytes_needed": diff["bytes_needed"]}
 
 
 def main(argv):
+    deep = "--deep" in argv
     if argv[0] == "manifest":
-        print(json.dumps(manifest(argv[1], write="--write" in argv)))
+        print(json.dumps(manifest(argv[1], write="--write" in argv, deep=deep)))
+    elif argv[0] == "show":
+        try:
+            with open(os.path.join(argv[1], MANIFEST)) as f:
+                cached = json.load(f)
+        except (OSError, ValueError):
+            cached = None
+        print(json.dumps(build(argv[1], cached, deep) if os.path.isdir(argv[1]) else {"entries": []}))
     elif argv[0] == "compare":
-        print(json.dumps(compare(argv[1], decode(argv[2]), deep="--deep" in argv)))
-    elif argv[0] == "encoded":
-        with open(os.path.join(argv[1], MANIFEST)) as f:
-            print(encode(json.load(f)))
+        with open(argv[2]) as f:
+            print(json.dumps(compare(argv[1], json.load(f), deep=deep)))
+    elif argv[0] == "plan":
+        with open(argv[2]) as f:
+            print(json.dumps(plan(argv[1], json.load(f), argv[3], int(argv[4]), deep=deep)))
     return 0
 
 

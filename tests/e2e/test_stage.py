@@ -91,7 +91,8 @@ def test_deleted_shard_is_sent_again_alone(staged):
 def test_changed_small_file_is_caught_by_deep_verify_and_healed_by_deep_converge(staged):
     bed, _, _ = staged
     target = f"$(readlink -f {REPO_DIR}/snapshots/{REV}/extra/part-0003.json)"
-    bed.node("spark-2", f"f={target}; m=$(stat -c %Y $f); printf 'X' | dd of=$f bs=1 seek=100 conv=notrunc 2>/dev/null; touch -d @$m $f")
+    bed.node("spark-2", f"f={target}; touch -r $f /tmp/mtime; printf 'X' | dd of=$f bs=1 seek=100 conv=notrunc 2>/dev/null;"
+                        " touch -r /tmp/mtime $f")
     assert _verify(bed).returncode == 0  # same size and mtime: the size check cannot see it
     deep = _verify(bed, "--deep")
     assert deep.returncode != 0 and "differs from the head's manifest (sha256): ['blobs/" in deep.output, deep.output[-2000:]
