@@ -16,7 +16,7 @@ import shlex
 from .settings import Cluster
 
 MANIFEST = ".sparkinfra-manifest.json"
-MESH_SSH = "ssh -o BatchMode=yes -o Compression=no -c aes128-gcm@openssh.com"
+MESH_SSH = "ssh -o BatchMode=yes -o Compression=no"
 
 
 def repo_dir(model_dir: str, repo: str) -> str:
@@ -63,7 +63,7 @@ def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str
         "done",
         "rc=0; for p in $pids; do wait $p || rc=1; done",
         "if [ $rc != 0 ]; then cat \"$work\"/list.*.log >&2; exit $rc; fi",
-        f"python3 \"$work/tool.py\" manifest {q(repo)} --write > /dev/null",
+        f"python3 \"$work/tool.py\" adopt {q(repo)} \"$work/manifest.json\" > /dev/null",
     ]) + "\n"
 
 

@@ -5,6 +5,7 @@ snapshot in HF-cache layout, and how a node's copy differs from it.
     python3 - manifest REPO_DIR [--write] [--deep]  -> {"stale": bool, "files": n, "bytes": n, "digest": ...}
     python3 - show REPO_DIR [--deep]                -> the manifest of this copy, every entry
     python3 - compare REPO_DIR MANIFEST_FILE [--deep] -> {"missing": [...], "differ": [...], ...}
+    python3 - adopt REPO_DIR MANIFEST_FILE          -> writes this copy's manifest, trusting verified transfers
     python3 - plan REPO_DIR MANIFEST_FILE OUT_DIR STREAMS [--deep]
         -> drops what cannot be resumed, writes OUT_DIR/list.N (paths relative to the cache folder)
 
@@ -65,17 +66,24 @@ def build(repo, cached=None, deep=False):
     return {"entries": entries, "digest": hashlib.sha256(body).hexdigest()}
 
 
-def manifest(repo, write=False, deep=False):
+def manifest(repo, write=False, deep=False, cached=None):
     path = os.path.join(repo, MANIFEST)
-    try:
-        with open(path) as f:
-            cached = json.load(f)
-    except (OSError, ValueError):
-        cached = None
+    if cached is None:
+        try:
+            with open(path) as f:
+                cached = json.load(f)
+        except (OSError, ValueError):
+            cached = None
     if not os.path.isdir(repo):
         return {"exists": False, "stale": True}
     fresh = build(repo, cached, deep)
-    stale = cached is None or cached.get("entries") != fresh["entries"]
+    on_disk = None
+    try:
+        with open(path) as f:
+            on_disk = json.load(f)
+    except (OSError, ValueError):
+        pass
+    stale = on_disk is None or on_disk.get("entries") != fresh["entries"]
     if stale and write:
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -144,6 +152,24 @@ def plan(repo, wanted, out_dir, streams, deep=False):
     return {"lists": written, "bytes_needed": diff["bytes_needed"]}
 
 
+def adopt(repo, wanted):
+    """
+    Record this copy's manifest after a verified transfer: rsync checked every file it wrote
+    against the sender's, so a file whose size matches the head's entry takes the head's sha256
+    (with its own mtime) instead of being read again. Anything else is hashed here.
+    """
+    theirs = {e["path"]: e for e in wanted["entries"] if "size" in e}
+    cached = {"entries": []}
+    for rel, path in _walk(repo):
+        if os.path.islink(path) or rel not in theirs:
+            continue
+        st = os.stat(path)
+        if st.st_size == theirs[rel]["size"]:
+            cached["entries"].append({"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                      "sha256": theirs[rel]["sha256"]})
+    return manifest(repo, write=True, cached=cached)
+
+
 def main(argv):
     deep = "--deep" in argv
     if argv[0] == "manifest":
@@ -158,6 +184,9 @@ def main(argv):
     elif argv[0] == "compare":
         with open(argv[2]) as f:
             print(json.dumps(compare(argv[1], json.load(f), deep=deep)))
+    elif argv[0] == "adopt":
+        with open(argv[2]) as f:
+            print(json.dumps(adopt(argv[1], json.load(f))))
     elif argv[0] == "plan":
         with open(argv[2]) as f:
             print(json.dumps(plan(argv[1], json.load(f), argv[3], int(argv[4]), deep=deep)))
