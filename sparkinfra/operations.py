@@ -209,7 +209,8 @@ def nccl_pinned(path: str, version: str, upload: str = ""):
     if upload:
         yield from files.put._inner(src=upload, dest=path, user="root", group="root", mode="644")
     elif not host.get_fact(File, path=path):
-        raise OperationError(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
+        yield from _refuse(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
+        return
     if _preparing():
         return
     found = host.get_fact(NcclVersion, path=path)
@@ -310,15 +311,19 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
         elif build:
             yield StringCommand("sh", "-c", QuoteString(build))
         else:
-            raise OperationError(f"{host.name}: image {image} is missing; set image_tarball or image_build")
+            yield from _refuse(f"{host.name}: image {image} is missing; set image_tarball or image_build")
+            return
         if image_id:
-            yield StringCommand(
-                "test", f"\"$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)})\"", "=",
-                QuoteString(image_id), "||", "{", "echo", QuoteString(f"{image} is not {image_id}"), ">&2;", "exit", "1;", "}",
+            check = (
+                f"got=$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}); "
+                f"[ \"$got\" = {shlex.quote(image_id)} ] || "
+                f"{{ echo \"{host.name}: {image} is $got, settings want {image_id}\" >&2; exit 1; }}"
             )
+            yield StringCommand("sh", "-c", QuoteString(check))
         return
     if image_id and current != image_id:
-        raise OperationError(f"{host.name}: image {image} is {current}, settings want {image_id}")
+        yield from _refuse(f"{host.name}: image {image} is {current}, settings want {image_id}")
+        return
     host.noop(f"{image} is {current}")
 
 

@@ -54,8 +54,17 @@ def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str
         f"mkdir -p {q(repo)}",
         f"rsync -a {q(f'{source}{name}/{MANIFEST}')} \"$work/manifest.json\"",
         f"python3 \"$work/tool.py\" plan {q(repo)} \"$work/manifest.json\" \"$work\" {int(streams)}"
-        + (" --deep" if deep else "") + " > /dev/null",
+        + (" --deep" if deep else "") + " > \"$work/plan.json\"",
         f"cd {q(root)}",
+        # Progress every few seconds, one line each (pyinfra -v shows them as they come).
+        "need=$(sed 's/.*\"bytes_needed\": \\([0-9]*\\).*/\\1/' \"$work/plan.json\"); "
+        f"start=$(du -sb {q(repo)} | cut -f1); t0=$(date +%s)",
+        "( while sleep 5; do now=$(du -sb " + q(repo) + " | cut -f1); d=$((now - start)); "
+        "s=$(( $(date +%s) - t0 )); r=$(( d / (s > 0 ? s : 1) )); "
+        "left=$(( need > d ? need - d : 0 )); "
+        "echo \"$(hostname): $((d >> 20)) of $((need >> 20)) MiB, $((r >> 20)) MiB/s, "
+        "ETA $(( r > 0 ? left / r : 0 )) s\"; done ) & progress=$!",
+        "trap 'kill $progress 2>/dev/null; rm -rf \"$work\"' EXIT",
         "pids=",
         "for list in \"$work\"/list.*; do [ -e \"$list\" ] || continue",
         f"  rsync -a --partial --inplace --append-verify --files-from=\"$list\" {q(source)} . "
