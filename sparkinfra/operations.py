@@ -13,7 +13,7 @@ from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.state import StateStage
 from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.facts.server import Home
@@ -475,12 +475,21 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, token_env: str
     token = os.environ.get(token_env, "")
     token_file = f"/run/sparkinfra/hf_token.{abs(hash((repo, revision))) % 10**8}"
     if token:
-        yield from files.put._inner(src=io.StringIO(token), dest=token_file, user="root", group="root", mode="600")
+        # Not files.put: its --diff output would print the token. A function command holds the
+        # token in a closure (its repr names only the function) and uploads it into a 0600 file.
+        def upload_token(state, host):
+            host.run_shell_command(StringCommand("install", "-d", "-m", "700", "/run/sparkinfra"), _sudo=True)
+            ok = host.put_file(io.StringIO(token), token_file, _sudo=True)
+            host.run_shell_command(StringCommand("chmod", "600", token_file), _sudo=True)
+            return ok
+
+        yield FunctionCommand(upload_token, (), {})
     script = (
         "import os, sys\n"
-        "from huggingface_hub import snapshot_download\n"
-        "f = sys.argv[4]; token = open(f).read().strip() if os.path.exists(f) else None\n"
+        "f = sys.argv[4]\n"
         "try:\n"
+        "    token = open(f).read().strip() if os.path.exists(f) else None\n"
+        "    from huggingface_hub import snapshot_download\n"
         "    snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3], token=token)\n"
         "finally:\n"
         "    os.path.exists(f) and os.remove(f)\n"

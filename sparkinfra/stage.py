@@ -72,7 +72,7 @@ def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str
         "done",
         "rc=0; for p in $pids; do wait $p || rc=1; done",
         "if [ $rc != 0 ]; then cat \"$work\"/list.*.log >&2; exit $rc; fi",
-        f"python3 \"$work/tool.py\" adopt {q(repo)} \"$work/manifest.json\" > /dev/null",
+        f"python3 \"$work/tool.py\" adopt {q(repo)} \"$work/manifest.json\" \"$work\" > /dev/null",
     ]) + "\n"
 
 
@@ -98,10 +98,11 @@ def head_transfer_script(repo: str, workers: list[str], bind_ip: str, port: int,
         "rsync --daemon --no-detach --config=$run/rsyncd.conf & daemon=$!",
         "trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
         f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
+        f"pull={shlex.quote(remote)}",  # the same for every worker: once, whatever their number
         "rc=0; pids=",
     ]
     for ipaddr in workers:
-        lines.append(f"{MESH_SSH} {ipaddr} {shlex.quote(remote)} & pids=\"$pids $!\"")
+        lines.append(f"{MESH_SSH} {ipaddr} \"$pull\" & pids=\"$pids $!\"")
     lines.append("for p in $pids; do wait $p || rc=1; done; exit $rc")
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ snapshot in HF-cache layout, and how a node's copy differs from it.
     python3 - manifest REPO_DIR [--write] [--deep]  -> {"stale": bool, "files": n, "bytes": n, "digest": ...}
     python3 - show REPO_DIR [--deep]                -> the manifest of this copy, every entry
     python3 - compare REPO_DIR MANIFEST_FILE [--deep] -> {"missing": [...], "differ": [...], ...}
-    python3 - adopt REPO_DIR MANIFEST_FILE          -> writes this copy's manifest, trusting verified transfers
+    python3 - adopt REPO_DIR MANIFEST_FILE WORK_DIR -> writes this copy's manifest, trusting what the plan's lists pulled
     python3 - plan REPO_DIR MANIFEST_FILE OUT_DIR STREAMS [--deep]
         -> drops what cannot be resumed, writes OUT_DIR/list.N (paths relative to the cache folder)
 
@@ -130,10 +130,12 @@ def compare(repo, wanted, deep=False):
 
 
 def plan(repo, wanted, out_dir, streams, deep=False):
-    """Drop files that cannot be resumed; spread what to pull over ``streams`` lists (by bytes)."""
+    """Drop files that cannot be resumed and files the head does not have; spread what to pull
+    over ``streams`` lists (by bytes)."""
     diff = compare(repo, wanted, deep)
     name = os.path.basename(repo.rstrip("/"))
-    for rel in diff["differ"] + diff["links"]:
+    # The worker's repo folder mirrors the head's: files the head does not have go too.
+    for rel in diff["differ"] + diff["links"] + diff["extra"]:
         path = os.path.join(repo, rel)
         if os.path.lexists(path):
             os.remove(path)
@@ -152,22 +154,39 @@ def plan(repo, wanted, out_dir, streams, deep=False):
     return {"lists": written, "bytes_needed": diff["bytes_needed"]}
 
 
-def adopt(repo, wanted):
+def adopt(repo, wanted, pulled):
     """
-    Record this copy's manifest after a verified transfer: rsync checked every file it wrote
-    against the sender's, so a file whose size matches the head's entry takes the head's sha256
-    (with its own mtime) instead of being read again. Anything else is hashed here.
+    Record this copy's manifest after a transfer: rsync checked every file it wrote against the
+    sender's, so a pulled file whose size matches the head's entry takes the head's sha256 (with
+    its own mtime) instead of being read again. Every other file keeps its own cached hash (or is
+    hashed here if its size or mtime changed).
+
+    + pulled: the paths (relative to the repo folder) the transfer wrote
     """
+    try:
+        with open(os.path.join(repo, MANIFEST)) as f:
+            own = {e["path"]: e for e in json.load(f).get("entries", [])}
+    except (OSError, ValueError):
+        own = {}
     theirs = {e["path"]: e for e in wanted["entries"] if "size" in e}
-    cached = {"entries": []}
-    for rel, path in _walk(repo):
-        if os.path.islink(path) or rel not in theirs:
-            continue
-        st = os.stat(path)
-        if st.st_size == theirs[rel]["size"]:
-            cached["entries"].append({"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                      "sha256": theirs[rel]["sha256"]})
-    return manifest(repo, write=True, cached=cached)
+    for rel in pulled:
+        path = os.path.join(repo, rel)
+        if rel in theirs and os.path.isfile(path) and not os.path.islink(path):
+            st = os.stat(path)
+            if st.st_size == theirs[rel]["size"]:
+                own[rel] = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                            "sha256": theirs[rel]["sha256"]}
+    return manifest(repo, write=True, cached={"entries": list(own.values())})
+
+
+def pulled_paths(work_dir, name):
+    """The repo-relative paths listed in a plan's ``list.N`` files."""
+    paths = []
+    for entry in sorted(os.listdir(work_dir)):
+        if entry.startswith("list.") and entry[5:].isdigit():
+            with open(os.path.join(work_dir, entry)) as f:
+                paths += [line.strip()[len(name) + 1:] for line in f if line.strip().startswith(name + "/")]
+    return paths
 
 
 def main(argv):
@@ -186,7 +205,9 @@ def main(argv):
             print(json.dumps(compare(argv[1], json.load(f), deep=deep)))
     elif argv[0] == "adopt":
         with open(argv[2]) as f:
-            print(json.dumps(adopt(argv[1], json.load(f))))
+            wanted = json.load(f)
+        name = os.path.basename(argv[1].rstrip("/"))
+        print(json.dumps(adopt(argv[1], wanted, pulled_paths(argv[3], name))))
     elif argv[0] == "plan":
         with open(argv[2]) as f:
             print(json.dumps(plan(argv[1], json.load(f), argv[3], int(argv[4]), deep=deep)))

@@ -142,3 +142,23 @@ def test_interrupted_transfer_resumes_without_resending_completed_files(staged):
     total = 3 * SHARD + 60 * 8192
     assert moved <= total - have + SLACK, f"moved {moved}, only {total - have} were missing"
     assert _verify(bed).returncode == 0
+
+
+def test_missing_snapshot_download_keeps_the_token_out_of_output_and_off_the_host(staged, monkeypatch):
+    """No hub is reachable from the bed: the download fails, but the token path is exercised."""
+    bed, _, _ = staged
+    secret = "hf_bedTOKEN0123456789abcdefSECRET"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    run = bed.converge(INV, "deploys/stage.py", "model=sparkbed/not-downloaded", f"model_revision={REV}",
+                       check=False)
+    assert run.returncode != 0
+    assert "Snapshot sparkbed/not-downloaded" in run.stderr
+    assert secret not in run.stderr and secret not in json_dump(run.results)
+    leftovers = bed.node("spark-1", "ls /run/sparkinfra/ 2>/dev/null | grep -c hf_token || true").stdout.strip()
+    assert leftovers == "0", "the token file was left on the head"
+
+
+def json_dump(value) -> str:
+    import json
+
+    return json.dumps(value)
