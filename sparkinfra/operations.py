@@ -20,15 +20,15 @@ from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
 
 from . import stage
-from .facts import _snapshot_tool_command
 from .facts import (
     DockerContainer,
     DockerImageId,
-    SnapshotManifest,
     FabricLink,
     NcclVersion,
     NetworkConfigBackend,
     RoceGidTable,
+    SnapshotManifest,
+    _snapshot_tool_command,
     roce_v2_index,
 )
 

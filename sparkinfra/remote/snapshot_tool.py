@@ -66,23 +66,21 @@ def build(repo, cached=None, deep=False):
     return {"entries": entries, "digest": hashlib.sha256(body).hexdigest()}
 
 
+def _recorded(repo):
+    """The manifest last written next to this copy, or ``None``."""
+    try:
+        with open(os.path.join(repo, MANIFEST)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def manifest(repo, write=False, deep=False, cached=None):
     path = os.path.join(repo, MANIFEST)
-    if cached is None:
-        try:
-            with open(path) as f:
-                cached = json.load(f)
-        except (OSError, ValueError):
-            cached = None
+    on_disk = _recorded(repo)
     if not os.path.isdir(repo):
         return {"exists": False, "stale": True}
-    fresh = build(repo, cached, deep)
-    on_disk = None
-    try:
-        with open(path) as f:
-            on_disk = json.load(f)
-    except (OSError, ValueError):
-        pass
+    fresh = build(repo, on_disk if cached is None else cached, deep)
     stale = on_disk is None or on_disk.get("entries") != fresh["entries"]
     if stale and write:
         tmp = path + ".tmp"
@@ -163,11 +161,7 @@ def adopt(repo, wanted, pulled):
 
     + pulled: the paths (relative to the repo folder) the transfer wrote
     """
-    try:
-        with open(os.path.join(repo, MANIFEST)) as f:
-            own = {e["path"]: e for e in json.load(f).get("entries", [])}
-    except (OSError, ValueError):
-        own = {}
+    own = {e["path"]: e for e in (_recorded(repo) or {}).get("entries", [])}
     theirs = {e["path"]: e for e in wanted["entries"] if "size" in e}
     for rel in pulled:
         path = os.path.join(repo, rel)
@@ -194,12 +188,7 @@ def main(argv):
     if argv[0] == "manifest":
         print(json.dumps(manifest(argv[1], write="--write" in argv, deep=deep)))
     elif argv[0] == "show":
-        try:
-            with open(os.path.join(argv[1], MANIFEST)) as f:
-                cached = json.load(f)
-        except (OSError, ValueError):
-            cached = None
-        print(json.dumps(build(argv[1], cached, deep) if os.path.isdir(argv[1]) else {"entries": []}))
+        print(json.dumps(build(argv[1], _recorded(argv[1]), deep) if os.path.isdir(argv[1]) else {"entries": []}))
     elif argv[0] == "compare":
         with open(argv[2]) as f:
             print(json.dumps(compare(argv[1], json.load(f), deep=deep)))

@@ -52,6 +52,12 @@ class Target:
     def __str__(self) -> str:
         return self.node.name
 
+    def fact(self, fact_cls, **kwargs):
+        """A sparkinfra/pyinfra fact read on this node (as root), as the deploys read it."""
+        command = fact_cls().command(**kwargs)
+        raw = command.get_raw_value() if hasattr(command, "get_raw_value") else command
+        return fact_cls().process(self.root(raw).stdout.splitlines())
+
     def root(self, command: str, *args) -> "testinfra.backend.base.CommandResult":
         """Run a command as root (through sudo when the node's user is not root)."""
         if self.sudo:

@@ -4,7 +4,7 @@ import shlex
 
 import pytest
 
-from sparkinfra.facts import NcclVersion, RoceGidTable, parse_gid_table, roce_v2_index
+from sparkinfra.facts import NcclVersion, RoceGidTable, roce_v2_index
 from sparkinfra.mesh import MESH_KEY
 from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
@@ -38,8 +38,7 @@ def test_roce_port_active_at_fabric_mtu(node):
 
 def _live_gid_index(node):
     fabric = node.cluster.fabric
-    dump = node.host.run(RoceGidTable().command(fabric.rdma_devices[0], fabric.rdma_port))
-    rows = parse_gid_table(dump.stdout.splitlines()) or []
+    rows = node.fact(RoceGidTable, device=fabric.rdma_devices[0], port=fabric.rdma_port) or []
     return roce_v2_index(rows, str(node.node.fabric_ip), fabric.interface), rows
 
 

@@ -14,15 +14,9 @@ def _head(cluster):
     return next(t for t in cluster if t.node.rank == 0)
 
 
-def _fact(target, fact, **kwargs):
-    command = fact().command(**kwargs)
-    out = target.root(command.get_raw_value() if hasattr(command, "get_raw_value") else command)
-    return fact().process(out.stdout.splitlines())
-
-
 def test_every_node_has_the_heads_image(cluster):
     config = cluster[0].cluster.config
-    ids = {t.node.name: _fact(t, DockerImageId, image=config.image) for t in cluster}
+    ids = {t.node.name: t.fact(DockerImageId, image=config.image) for t in cluster}
     head_id = ids[_head(cluster).node.name]
     assert head_id, f"{config.image} is not on the head"
     if config.image_id:
@@ -45,10 +39,10 @@ def test_every_snapshot_matches_the_heads_manifest(cluster, request):
     head = _head(cluster)
     for repo, _ in _snapshots(cluster):
         repo_dir = stage.repo_dir(config.model_dir, repo)
-        wanted = _fact(head, SnapshotManifest, repo_dir=repo_dir)
+        wanted = head.fact(SnapshotManifest, repo_dir=repo_dir)
         assert wanted.get("exists") and not wanted.get("stale"), f"no current manifest of {repo} on the head: {wanted}"
         for t in cluster:
-            got = _fact(t, SnapshotManifest, repo_dir=repo_dir, deep=deep)
+            got = t.fact(SnapshotManifest, repo_dir=repo_dir, deep=deep)
             if got.get("digest") == wanted["digest"]:
                 continue
             theirs, mine = _entries(head, repo_dir, False), _entries(t, repo_dir, deep)
