@@ -8,8 +8,12 @@ model_dir = "/var/lib/sparkinfra/hf"
 preflight_free_gb = 1
 
 # Staging: the bed's image is built on the head from a rootfs the bed provides (no registry);
-# the bed places a synthetic snapshot (HF-cache layout) on the head, as if downloaded.
+# the bed places its tiny Llama (HF-cache layout) on the head, as if downloaded.
 image = "sparkbed/stage:1"
 image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
-model = "sparkbed/synthetic-moe"
-model_revision = "5e1f0c1a0b5a0d7e0c0ffee0000000000000beef"
+model = "sparkbed/tiny-llama"
+model_revision = "7161ee11a3a0de1ce0000000000000000000c0de"
+
+# Serving: the bed's lane (lanes/sim.yaml), vLLM CPU TP=2 across the pair. A CPU start takes ~40 s.
+lane = "sim"
+lane_ready_timeout = 300

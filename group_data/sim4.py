@@ -6,5 +6,5 @@ nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so
 preflight_free_gb = 1
 image = "sparkbed/stage:1"
 image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
-model = "sparkbed/synthetic-moe"
-model_revision = "5e1f0c1a0b5a0d7e0c0ffee0000000000000beef"
+model = "sparkbed/tiny-llama"
+model_revision = "7161ee11a3a0de1ce0000000000000000000c0de"

@@ -282,3 +282,81 @@ class SnapshotManifest(FactBase):
     @override
     def process(self, output):
         return json.loads("\n".join(output))
+
+
+class LaneUnits(FactBase):
+    """
+    Returns the lane units installed on a node: ``{lane: {"active": str, "enabled": str}}``.
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    @override
+    def command(self) -> str:
+        return (
+            "for f in /etc/systemd/system/sparkinfra-lane-*.service; do [ -e \"$f\" ] || continue; "
+            "u=$(basename \"$f\"); echo \"$u $(systemctl is-active \"$u\") $(systemctl is-enabled \"$u\" 2>/dev/null)\"; "
+            "done"
+        )
+
+    @override
+    def process(self, output):
+        units = {}
+        for line in output:
+            words = line.split()
+            if len(words) >= 2 and words[0].startswith("sparkinfra-lane-"):
+                lane = words[0][len("sparkinfra-lane-"):-len(".service")]
+                units[lane] = {"active": words[1], "enabled": words[2] if len(words) > 2 else "unknown"}
+        return units
+
+
+class LaneStatus(FactBase):
+    """
+    Returns a lane's state on this node, as ``lane_ctl.py status`` reports it, or ``{}`` before the
+    lane is placed. On the head: the workers' units and whether the API completes a request.
+
+    .. code:: python
+
+        {
+            "unit": "active", "planned": "9f2c...", "started": "9f2c...", "warm": "9f2c...",
+            "container": "true sha256:...", "workers": {"10.0.0.2": "active"},
+            "api": "ok",                  # or "down", or the failing HTTP answer
+            "others": [],                 # other lanes' units active here
+        }
+
+    + lane: the lane's name
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    @override
+    def command(self, lane: str) -> StringCommand:
+        from .serving import LANE_CTL
+
+        return StringCommand(
+            "test", "-f", LANE_CTL, "&&", "python3", LANE_CTL, "status", QuoteString(lane), "||", "echo", "'{}'"
+        )
+
+    @override
+    def process(self, output):
+        return json.loads("\n".join(output) or "{}")
+
+
+class FileDigest(FactBase):
+    """
+    Returns the first line of a small marker file, or ``None`` when it is missing.
+
+    + path: the file
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("head", "-n1", QuoteString(path), "2>/dev/null", "||", "true")
+
+    @override
+    def process(self, output):
+        return output[0].strip() if output and output[0].strip() else None

@@ -19,11 +19,14 @@ from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
 
-from . import stage
+from . import serving, stage
 from .facts import (
     DockerContainer,
     DockerImageId,
     FabricLink,
+    FileDigest,
+    LaneStatus,
+    LaneUnits,
     NcclVersion,
     NetworkConfigBackend,
     RoceGidTable,
@@ -280,6 +283,19 @@ def stale_container_absent(container: str):
     yield StringCommand("docker", "rm", "-f", QuoteString(container))
 
 
+@operation()
+def container_absent(container: str):
+    """
+    Ensure no container, running or not, holds this name (teardown).
+
+    + container: the container name
+    """
+    if host.get_fact(DockerContainer, container=container) is None:
+        host.noop(f"no container {container}")
+        return
+    yield StringCommand("docker", "rm", "-f", QuoteString(container))
+
+
 @operation(is_idempotent=False)
 def page_caches_dropped():
     """
@@ -498,3 +514,114 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, token_env: str
         "python3", "-c", QuoteString(script), QuoteString(repo), QuoteString(revision),
         QuoteString(cache_dir), QuoteString(token_file),
     )
+
+
+# Lanes
+# -----
+
+ACTIVE_STATES = ("active", "activating", "reloading", "deactivating")
+
+
+@operation()
+def other_lanes_stopped(lane: str):
+    """
+    Ensure no other lane's unit runs, or starts at boot, on this node (one lane at a time).
+
+    + lane: the lane that may run (empty: none may)
+    """
+    units = host.get_fact(LaneUnits)
+    others = sorted(
+        name for name, state in units.items()
+        if name != lane and (state["active"] in ACTIVE_STATES or state["enabled"] == "enabled")
+    )
+    if not others:
+        host.noop("no other lane runs here")
+        return
+    yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
+
+
+@operation()
+def lane_validated(lane: str, image: str, request: dict, docker_options: list[str]):
+    """
+    Ensure the lane's serve arguments of every rank passed the vLLM inside the lane's image (its own
+    parser, ``validate_parsed_serve_args``, and ``create_engine_config`` against the staged model),
+    for this image ID and these arguments. Nothing starts while they do not.
+
+    + lane: the lane's name
+    + image: the lane's image (on this node, the head)
+    + request: what ``remote/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
+    + docker_options: ``docker run`` options giving the check the lane's mounts and environment
+    """
+    import hashlib
+    import json
+
+    image_id = host.get_fact(DockerImageId, image=image) or "absent"
+    check = (Path(__file__).parent / "remote" / "vllm_check.py").read_text()
+    request = json.dumps(request, sort_keys=True)
+    key = hashlib.sha256(f"{image_id}\n{request}\n{check}".encode()).hexdigest()[:16]
+    marker = f"{serving.STATE_DIR}/{lane}.validated"
+    if host.get_fact(FileDigest, path=marker) == key:
+        host.noop(f"{lane}'s arguments passed the image's vLLM")
+        return
+    script, data = f"{serving.STATE_DIR}/vllm_check.py", f"{serving.STATE_DIR}/{lane}.check.json"
+    yield StringCommand("mkdir", "-p", "-m", "700", serving.STATE_DIR)
+    yield from files.put._inner(src=io.StringIO(check), dest=script, mode="644")
+    yield from files.put._inner(src=io.StringIO(request), dest=data, mode="600")
+    run = " ".join(
+        ["docker", "run", "--rm", "-i", "--entrypoint", "python3", "-v", f"{script}:/tmp/vllm_check.py:ro",
+         *[shlex.quote(o) for o in docker_options], shlex.quote(image), "/tmp/vllm_check.py"]
+    )
+    report = (
+        "import json,sys; r=json.loads(sys.stdin.read() or '{}'); "
+        "ok=r.get('ok'); print(('vLLM ' + str(r.get('vllm')) + ' accepts every rank') if ok else "
+        "('vLLM ' + str(r.get('vllm')) + ' refuses rank ' + str(r.get('rank')) + ': ' + str(r.get('error'))), "
+        "file=sys.stdout if ok else sys.stderr); sys.exit(0 if ok else 1)"
+    )
+    yield f"{run} < {data} | python3 -c {shlex.quote(report)} && echo {key} > {marker}"
+
+
+@operation()
+def lane_running(lane: str, digest: str, ready_timeout: int):
+    """
+    Ensure the lane serves: its units active on every node, started from the current plan (digest),
+    and the head's API completing a request. Otherwise the whole lane restarts (workers first,
+    from the head's unit) and this waits until a completion returns tokens.
+
+    + lane: the lane's name (this runs on its head)
+    + digest: the plan every rank must run (``serving.lane_digest``)
+    + ready_timeout: seconds the lane may take to answer after a (re)start
+    """
+    status = host.get_fact(LaneStatus, lane=lane) or {}
+    reasons = []
+    if status.get("unit") != "active":
+        reasons.append(f"its unit is {status.get('unit', 'not installed')}")
+    elif status.get("started") != digest:
+        reasons.append("its plan changed")
+    else:
+        down = [f"{ip} ({state})" for ip, state in sorted(status.get("workers", {}).items()) if state != "active"]
+        if down:
+            reasons.append("workers not running: " + ", ".join(down))
+        elif status.get("api") != "ok":
+            reasons.append(f"the API does not complete ({status.get('api')})")
+    if not reasons:
+        host.noop(f"lane {lane} serves")
+        return
+    unit = serving.unit_name(lane)
+    yield StringCommand("systemctl", "restart", unit)
+    yield StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(lane), str(ready_timeout))
+
+
+@operation()
+def lane_warm(lane: str, digest: str):
+    """
+    Ensure the running lane has had one throwaway request per workload shape since it started,
+    so start-up JIT costs never land in a measurement.
+
+    + lane: the lane's name (this runs on its head)
+    + digest: the plan the lane runs
+    """
+    status = host.get_fact(LaneStatus, lane=lane) or {}
+    if status.get("warm") == digest and status.get("started") == digest:
+        host.noop(f"lane {lane} is warm")
+        return
+    yield StringCommand("python3", serving.LANE_CTL, "warmup", QuoteString(lane))

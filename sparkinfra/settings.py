@@ -136,7 +136,17 @@ class HostSettings(BaseModel):
     stage_port: int = Field(8730, ge=1, le=65535, description="Port of the head's transfer daemon (fabric only).")
     stage_streams: int = Field(8, ge=1, le=64, description="Parallel transfer streams per worker.")
 
-    lane: str = Field("", description="Lane (recipe) to serve; empty: none.")
+    # Serving (deploys/lane.py)
+    lane: str = Field("", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none.")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="This cluster's GMU for every lane; empty: the lane's own value."
+    )
+    lane_ready_timeout: int = Field(
+        1800, ge=10, description="Seconds a (re)started lane may take to answer a completion."
+    )
+    lane_liveness_interval: int = Field(
+        30, ge=5, description="Seconds between the head's one-token liveness completions."
+    )
 
 
 # Keys every node of a cluster must agree on: all but the node's own.

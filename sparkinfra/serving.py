@@ -1,0 +1,143 @@
+"""
+A lane on a cluster, node by node: what each rank's unit runs (its plan), its environment, its
+unit file's values, and one digest of all ranks, so a change on any node restarts the lane as a
+whole. Decided here; ``deploys/lane.py`` places it, ``remote/lane_ctl.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import lanes
+from .nccl import NCCL_ENV_FILE
+from .settings import Cluster, Node
+
+LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
+LANE_CTL_SOURCE = Path(__file__).parent / "remote" / "lane_ctl.py"
+PLANS_DIR = "/etc/sparkinfra/lanes"
+STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
+UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
+CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
+
+
+def unit_name(lane: str) -> str:
+    return f"sparkinfra-lane-{lane}.service"
+
+
+def plan_path(lane: str) -> str:
+    return f"{PLANS_DIR}/{lane}.json"
+
+
+def env_path(lane: str) -> str:
+    return f"{PLANS_DIR}/{lane}.env"
+
+
+def api_key_path(lane: str) -> str:
+    return f"{PLANS_DIR}/{lane}.key"
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one node runs for a lane."""
+
+    node: Node
+    rank: int
+    env: dict[str, str]  # the rank's env file (root-only: may hold secrets)
+    plan: dict  # the rank's JSON plan, read by lane_ctl
+    unit: dict  # the unit template's values
+
+
+def _env(lane: lanes.Lane, cluster: Cluster, node: Node, launch: lanes.Launch) -> dict[str, str]:
+    env = {
+        # vLLM and gloo talk over the fabric only (vLLM otherwise picks the first interface).
+        "VLLM_HOST_IP": str(node.fabric_ip),
+        "HF_HUB_CACHE": CONTAINER_HF,
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.update(launch.env)
+    return dict(sorted(env.items()))
+
+
+def _docker_options(lane: lanes.Lane, cluster: Cluster) -> list[str]:
+    config = cluster.config
+    return [
+        "--network", "host",
+        "--env-file", NCCL_ENV_FILE,
+        "--env-file", env_path(lane.name),
+        "-v", f"{config.nccl_library}:{config.nccl_library}:ro",
+        "-v", f"{config.model_dir}:{CONTAINER_HF}:ro",
+        *lanes.container_options(lane),
+    ]
+
+
+def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
+    """Every rank's plan, env and unit values; all plans carry the lane's digest."""
+    config = cluster.config
+    gmu = config.gpu_memory_utilization
+    head = cluster.head
+    api_port = lane.api_port or config.api_port
+    draft = []
+    for node in cluster.nodes:
+        launch = lanes.launch(lane, cluster, node.rank, gmu=gmu)
+        is_head = node.rank == 0
+        plan = {
+            "lane": lane.name,
+            "rank": node.rank,
+            "container": config.container_name,
+            "image": lane.image or config.image,
+            "docker_options": _docker_options(lane, cluster),
+            "command": launch.command,
+            "api_port": api_port,
+            "served_model_name": lane.served_model_name or lane.model,
+            "api_key_file": lanes_api_key_file(lane.name) if is_head else "",
+            "workers": [{"ip": str(w.fabric_ip), "rank": w.rank} for w in cluster.workers] if is_head else [],
+            "warmup": [w.model_dump(exclude_none=True) for w in lane.warmup] if is_head else [],
+            "watch_interval": 5,
+            "watch_grace": 20,
+            "liveness_interval": config.lane_liveness_interval,
+            "liveness_timeout": 60,
+        }
+        unit = {
+            "lane": lane.name,
+            "rank": node.rank,
+            "nodes": len(cluster.nodes),
+            "head": is_head,
+            "role": "serves the API" if is_head else f"headless, joins {head.fabric_ip}",
+            "role_note": (
+                "Rank 0 starts the workers first, watches them and its API, and restarts the whole lane."
+                if is_head else "Started and stopped by rank 0's unit; restarts only with the whole lane."
+            ),
+            "container": config.container_name,
+            "ctl": f"/usr/bin/python3 {LANE_CTL}",
+            "restart": "always" if is_head else "no",
+            "start_timeout": 600,
+            "stop_seconds": 30,
+            "stop_timeout": 120,
+        }
+        draft.append(RankPlan(node=node, rank=node.rank, env=_env(lane, cluster, node, launch), plan=plan, unit=unit))
+    digest = lane_digest(draft)
+    return [
+        RankPlan(node=p.node, rank=p.rank, env=p.env, plan={**p.plan, "digest": digest}, unit=p.unit)
+        for p in draft
+    ]
+
+
+def lanes_api_key_file(lane: str) -> str:
+    return api_key_path(lane)
+
+
+def lane_digest(plans: list[RankPlan]) -> str:
+    """One hash of every rank's plan, env, unit values, unit template and lane_ctl: any change restarts."""
+    digest = hashlib.sha256()
+    for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes()):
+        digest.update(hashlib.sha256(part).digest())
+    for p in plans:
+        digest.update(json.dumps([p.plan, p.env, p.unit], sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def plan_json(plan: RankPlan) -> str:
+    return json.dumps(plan.plan, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,313 @@
+"""
+``sparkinfra.bench``: probes against a tiny local OpenAI-style server (timing, token counting, the
+API key sent and never shown), llama-benchy's command line (checked against its own parser) and
+JSON report (``fixtures/bench/benchy_sweep.json``, built with llama-benchy's own result models),
+the results folder (golden ``results.md``, PNG plots read back as matplotlib objects) and
+``compare``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from sparkinfra import bench
+from sparkinfra.bench import (
+    BenchError,
+    Meta,
+    Row,
+    benchy_command,
+    chat_url,
+    compare,
+    parse_benchy,
+    plot_decode_vs_depth,
+    plot_users,
+    probe,
+    render_markdown,
+    warmup,
+    write_results,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "bench"
+KEY = "sk-test-0123456789-secret"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def sweep_raw() -> dict:
+    return json.loads((FIXTURES / "benchy_sweep.json").read_text())
+
+
+def probes_fixture() -> list[dict]:
+    return json.loads((FIXTURES / "probes.json").read_text())
+
+
+def meta(**kw) -> Meta:
+    base = dict(cluster="quad-a", lane="awq-fp8kv", image_id="sha256:3f9c0e1d2b4a", model="cyankiwi/MiniMax-M3-AWQ-INT4",
+                model_revision="5b1d0c7e", nccl_version="2.30.4", gmu=0.7, timestamp="2026-07-05T11:42:09Z")
+    return Meta(**{**base, **kw})
+
+
+# Probes against a local server
+# -----------------------------
+
+
+class Server:
+    """A canned ``/v1/chat/completions`` on 127.0.0.1 that records what it was sent."""
+
+    def __init__(self, completion_tokens: int = 256, delay: float = 0.05, status: int = 200):
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                time.sleep(delay)
+                if status != 200:
+                    payload = json.dumps({"error": {"message": "Invalid API key"}}).encode()
+                else:
+                    payload = json.dumps({
+                        "id": "chatcmpl-1", "object": "chat.completion", "model": body["model"],
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * 40},
+                                     "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 61, "completion_tokens": completion_tokens,
+                                  "total_tokens": 61 + completion_tokens},
+                    }).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_chat_url():
+    assert chat_url("http://h:8000") == "http://h:8000/v1/chat/completions"
+    assert chat_url("http://h:8000/v1/") == "http://h:8000/v1/chat/completions"
+
+
+def test_probe_times_counts_and_sends_key(capsys):
+    with Server(completion_tokens=256, delay=0.05) as server:
+        records = probe(server.url, "org/model", KEY, "json", False, 3)
+    assert len(records) == 3 and [r["run"] for r in records] == [0, 1, 2]
+    for r in records:
+        assert r["completion_tokens"] == 256 and r["prompt_tokens"] == 61 and r["finish_reason"] == "length"
+        assert 0.05 <= r["wall_s"] < 2
+        assert r["decode_tps"] == pytest.approx(256 / r["wall_s"], rel=1e-3)
+        assert r["workload"] == "json" and r["thinking"] is False and r["max_tokens"] == 256
+    sent = server.requests[0]
+    assert sent["path"] == "/v1/chat/completions" and sent["auth"] == f"Bearer {KEY}"
+    body = sent["body"]
+    assert body["temperature"] == 0 and body["max_tokens"] == 256 and body["stream"] is False
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["messages"][0]["content"] == bench.WORKLOADS["json"]
+    out = capsys.readouterr()
+    assert KEY not in json.dumps(records) + out.out + out.err
+
+
+def test_probe_thinking_default_and_no_key():
+    with Server() as server:
+        probe(server.url + "/v1", "org/model", None, "code", None, 1, max_tokens=32)
+        probe(server.url, "org/model", "", "code", True, 1)
+    first, second = server.requests
+    assert "chat_template_kwargs" not in first["body"] and first["auth"] is None and first["body"]["max_tokens"] == 32
+    assert second["body"]["chat_template_kwargs"] == {"enable_thinking": True} and second["auth"] is None
+
+
+def test_probe_error_never_shows_the_key():
+    with Server(status=401) as server:
+        with pytest.raises(BenchError) as e:
+            probe(server.url, "org/model", KEY, "json", False, 1)
+    assert "HTTP 401" in str(e.value) and "Invalid API key" in str(e.value) and KEY not in str(e.value)
+
+
+def test_probe_unreachable():
+    with pytest.raises(BenchError, match="127.0.0.1:9"):
+        probe("http://127.0.0.1:9", "m", KEY, "json", False, 1, timeout=2)
+
+
+def test_probe_unknown_workload():
+    with pytest.raises(ValueError, match="one of json, code"):
+        probe("http://127.0.0.1:9", "m", None, "yaml", False, 1)
+
+
+def test_warmup_one_request_per_shape():
+    with Server(delay=0) as server:
+        records = warmup(server.url, "org/model", KEY, workloads=("json", "code"), thinking=(False, None))
+    assert len(server.requests) == 4 and all(r["warmup"] for r in records)
+    assert {(r["workload"], r["thinking"]) for r in records} == {("json", False), ("json", None), ("code", False), ("code", None)}
+
+
+# llama-benchy
+# ------------
+
+
+def test_benchy_command_is_accepted_by_llama_benchy(monkeypatch):
+    config = pytest.importorskip("llama_benchy.config")
+    argv = benchy_command("http://10.0.0.1:8000", "org/model", "/models/snap", [2048], [32, 128], [0, 8192],
+                          [1, 2, 4], save_result="/tmp/out.json", runs=5, coherence=False)
+    assert argv[0] == "llama-benchy"
+    monkeypatch.setattr(sys, "argv", argv)
+    parsed = config.BenchmarkConfig.from_args()
+    assert parsed.base_url == "http://10.0.0.1:8000/v1" and parsed.model == "org/model"
+    assert parsed.tokenizer == "/models/snap" and parsed.result_format == "json" and parsed.save_result == "/tmp/out.json"
+    assert parsed.pp_counts == [2048] and parsed.tg_counts == [32, 128] and parsed.depths == [0, 8192]
+    assert parsed.concurrency_levels == [1, 2, 4] and parsed.num_runs == 5 and parsed.skip_coherence
+    assert parsed.latency_mode == "generation" and parsed.api_key == "EMPTY"
+
+
+def test_benchy_command_takes_the_key_from_the_environment():
+    argv = benchy_command("http://h:8000/v1", "m", "/t", [128], [32], [0], [1], "BENCH_KEY", program=("printf", "%s\\n"))
+    assert argv[:2] == ["sh", "-c"] and KEY not in " ".join(argv)
+    done = subprocess.run(argv, env={"BENCH_KEY": KEY, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    printed = done.stdout.splitlines()
+    assert printed[-2:] == ["--api-key", KEY] and printed[:3] == ["--base-url", "http://h:8000/v1", "--model"]
+    with pytest.raises(ValueError):
+        benchy_command("http://h", "m", "/t", [1], [1], [0], [1], "BENCH KEY; rm -rf /")
+
+
+def test_parse_benchy_fixture():
+    rows = parse_benchy((FIXTURES / "benchy_sweep.json").read_text())
+    assert len(rows) == 12
+    first = sweep_raw()["benchmarks"][0]
+    r = rows[0]
+    assert (r.pp, r.tg, r.depth, r.concurrency, r.phase) == (2048, 128, 0, 1, "std")
+    assert r.tg_tps == first["tg_throughput"]["mean"] and r.tg_req_tps == r.tg_tps
+    assert r.pp_tps == first["pp_throughput"]["mean"] and r.e2e_ttft_ms == first["e2e_ttft"]["mean"]
+    assert {(x.depth, x.concurrency) for x in rows} == {(d, c) for d in (0, 8192, 32768, 65536) for c in (1, 2, 4)}
+    assert r.label == "pp2048/tg128 @ d0 (c1)"
+
+
+def test_parse_benchy_from_stdout_and_context_phase():
+    raw = sweep_raw()
+    ctx = dict(raw["benchmarks"][3], is_context_prefill_phase=True, tg_throughput=None)
+    raw["benchmarks"].append(ctx)
+    stdout = ("llama-benchy (0.4.0)\nDate: 2026-07-05 11:40:01\nPrinting results in JSON format:\n\n"
+              + json.dumps(raw, indent=2) + "\n\nllama-benchy (0.4.0)\ndate: 2026-07-05 11:40:01 | latency mode: generation\n")
+    rows = parse_benchy(stdout)
+    assert len(rows) == 13 and rows[-1].phase == "ctx" and rows[-1].tg_tps is None
+    assert rows[:12] == parse_benchy(sweep_raw())
+    with pytest.raises(ValueError):
+        parse_benchy("no report here")
+
+
+# Results
+# -------
+
+
+def test_markdown_golden():
+    text = render_markdown(meta(), probes_fixture(), parse_benchy(sweep_raw()))
+    assert text == (FIXTURES / "results.md.golden").read_text()
+
+
+def test_markdown_single_point_and_no_sweep():
+    row = Row(pp=128, tg=32, depth=0, concurrency=1, pp_tps=1913.0, tg_tps=42.3, e2e_ttft_ms=1130.0)
+    text = render_markdown(meta(gmu=None, extra={"drafter": "eagle3 k=2"}), [], [row])
+    assert "| 0 | 1913 tok/s | 42.3 tok/s | 1.13 s |" in text
+    assert "| gpu_memory_utilization | — |" in text and "| drafter | `eagle3 k=2` |" in text
+    assert "## Probes" not in text and "## Users" not in text
+    probes_only = render_markdown(meta(), probes_fixture(), [])
+    assert "## Probes" in probes_only and "Depth sweep" not in probes_only
+
+
+def test_plots_have_labels_and_lines():
+    rows = parse_benchy(sweep_raw())
+    depth_fig = plot_decode_vs_depth(rows, "quad-a/awq-fp8kv")
+    ax = depth_fig.axes[0]
+    assert ax.get_xlabel() == "context depth (tokens)" and ax.get_ylabel() == "decode tok/s (all users)"
+    assert ax.get_title() == "Decode throughput vs context depth — quad-a/awq-fp8kv"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["1 user", "2 users", "4 users"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "8k", "32k", "64k"]
+    one_user = ax.get_lines()[0]
+    assert list(one_user.get_xdata()) == [0, 8192, 32768, 65536]
+    assert list(one_user.get_ydata()) == [r.tg_tps for r in rows if r.concurrency == 1]
+
+    users_fig = plot_users(rows, "quad-a/awq-fp8kv")
+    ax = users_fig.axes[0]
+    assert ax.get_xlabel() == "concurrent users" and ax.get_ylabel() == "decode tok/s"
+    assert ax.get_title().startswith("Decode throughput vs concurrent users")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["aggregate (pp2048/tg128, depth 0)", "per user (pp2048/tg128, depth 0)"]
+    aggregate, per_user = ax.get_lines()
+    assert list(aggregate.get_xdata()) == [1, 2, 4]
+    assert all(a >= p for a, p in zip(aggregate.get_ydata(), per_user.get_ydata()))
+    assert plot_users([]) is None and plot_decode_vs_depth([]) is None
+
+
+def test_write_results_folder(tmp_path):
+    raw = sweep_raw()
+    folder = write_results(tmp_path / "results", meta(), probes_fixture(), parse_benchy(raw), benchy_raw=raw)
+    assert folder == tmp_path / "results" / "quad-a" / "awq-fp8kv" / "20260705T114209Z"
+    assert sorted(p.name for p in folder.iterdir()) == ["decode_vs_depth.png", "results.json", "results.md", "users.png"]
+    for png in ("decode_vs_depth.png", "users.png"):
+        data = (folder / png).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["meta"] == dataclasses.asdict(meta()) and saved["benchy_raw"] == raw
+    assert len(saved["probes"]) == 20 and len(saved["sweep"]) == 12
+    assert (folder / "results.md").read_text() == (FIXTURES / "results.md.golden").read_text()
+    m, probes, rows = bench.load_results(folder)
+    assert m == meta() and rows == parse_benchy(raw) and probes == probes_fixture()
+
+
+def test_write_results_probes_only_has_no_plots(tmp_path):
+    folder = write_results(tmp_path, meta(lane="balanced"), probes_fixture(), [])
+    assert sorted(p.name for p in folder.iterdir()) == ["results.json", "results.md"]
+
+
+def _run_b(tmp_path: Path) -> Path:
+    rows = [dataclasses.replace(r, tg_tps=r.tg_tps * 1.05) for r in parse_benchy(sweep_raw()) if r.depth != 65536]
+    rows.append(Row(pp=2048, tg=128, depth=131072, concurrency=1, tg_tps=21.0))
+    probes = [dict(p, decode_tps=p["decode_tps"] - 1.0) for p in probes_fixture()]
+    b = meta(nccl_version="2.30.7", gmu=0.69, timestamp="2026-07-06T08:00:00Z", extra={"drafter_k": 3})
+    return write_results(tmp_path, b, probes, rows)
+
+
+def test_compare(tmp_path):
+    a = write_results(tmp_path, meta(), probes_fixture(), parse_benchy(sweep_raw()))
+    b = _run_b(tmp_path)
+    text = compare(a, b)
+    assert text.startswith(f"A: {a}\nB: {b}\n")
+    assert "| nccl_version | `2.30.4` | `2.30.7` |" in text and "| gmu | `0.7` | `0.69` |" in text
+    assert "| extra.drafter_k | `None` | `3` |" in text and "| model |" not in text
+    r = parse_benchy(sweep_raw())[0]
+    after = r.tg_tps * 1.05
+    assert f"| pp2048/tg128 @ d0 (c1) | decode tok/s | {r.tg_tps:.1f} | {after:.1f} | {after - r.tg_tps:+.1f} | +5.0% |" in text
+    assert "| pp2048/tg128 @ d0 (c2) | decode tok/s per user |" in text
+    assert "| json, thinking disabled | 36.6 | 35.6 | -1.0 |" in text
+    assert "Only in A: pp2048/tg128 @ d65536 (c1), pp2048/tg128 @ d65536 (c2), pp2048/tg128 @ d65536 (c4)" in text
+    assert "Only in B: pp2048/tg128 @ d131072 (c1)" in text
+
+
+def test_compare_cli(tmp_path, capsys):
+    a = write_results(tmp_path, meta(), probes_fixture(), parse_benchy(sweep_raw()))
+    b = _run_b(tmp_path)
+    assert bench.main(["compare", str(a), str(b)]) == 0
+    assert capsys.readouterr().out == compare(a, b)
+    assert bench.main(["compare", str(a), str(tmp_path / "missing")]) == 2
+    assert "no results.json" in capsys.readouterr().err
+    done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "compare", str(a), str(a)],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and "## Meta\n\n(same)" in done.stdout

@@ -1,0 +1,93 @@
+"""deploys/lane.py: the lane's units on every node, one plan, the right env and pin in the containers, an API that completes."""
+
+import json
+import re
+
+import pytest
+
+from sparkinfra import lanes, serving
+from sparkinfra.facts import DockerContainer, LaneStatus, LaneUnits
+
+
+def _lane(target):
+    name = target.cluster.config.lane
+    if not name:
+        pytest.skip(f"cluster {target.cluster.name} serves no lane")
+    return lanes.find_lane(name)
+
+
+def _head(cluster):
+    return next(t for t in cluster if t.node.rank == 0)
+
+
+def _inspect(target, container):
+    out = target.root(f"docker inspect {container}")
+    assert out.rc == 0, f"{target}: no container {container}: {out.stderr}"
+    return json.loads(out.stdout)[0]
+
+
+def test_lane_unit_is_active(node):
+    lane = _lane(node)
+    units = node.fact(LaneUnits)
+    assert lane.name in units, f"{node}: {serving.unit_name(lane.name)} is not installed"
+    assert units[lane.name]["active"] == "active", f"{node}: {serving.unit_name(lane.name)} is {units[lane.name]}"
+
+
+def test_no_other_lane_runs(node):
+    lane = _lane(node)
+    others = {n: s for n, s in node.fact(LaneUnits).items() if n != lane.name and s["active"] != "inactive"}
+    assert not others, f"{node}: other lanes are not stopped: {others}"
+
+
+def test_every_rank_runs_the_current_plan(cluster):
+    lane = _lane(cluster[0])
+    planned = {t.node.name: t.fact(LaneStatus, lane=lane.name).get("planned") for t in cluster}
+    assert len(set(planned.values())) == 1 and None not in planned.values(), f"plans differ: {planned}"
+    head = _head(cluster).fact(LaneStatus, lane=lane.name)
+    assert head["started"] == head["planned"], f"the head runs plan {head['started']}, {head['planned']} is placed"
+    assert all(state == "active" for state in head["workers"].values()), f"workers: {head['workers']}"
+
+
+def test_container_has_the_nodes_env_and_pin(node):
+    lane = _lane(node)
+    config = node.cluster.config
+    info = _inspect(node, config.container_name)
+    assert info["State"]["Running"], f"{node}: {config.container_name} is not running"
+    env = dict(item.split("=", 1) for item in info["Config"]["Env"])
+    nccl = dict(
+        line.split("=", 1) for line in node.root("cat /etc/sparkinfra/nccl.env").stdout.splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    for key in ("NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "VLLM_NCCL_SO_PATH", "LD_PRELOAD"):
+        assert env.get(key) == nccl[key], f"{node}: {key}={env.get(key)!r} in the container, {nccl[key]!r} in nccl.env"
+    assert env["LD_PRELOAD"] == config.nccl_library
+    assert env["VLLM_HOST_IP"] == str(node.node.fabric_ip)
+    mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
+    assert mounts.get(config.nccl_library) == config.nccl_library, f"{node}: the pinned NCCL is not mounted: {mounts}"
+    for key, value in lane.env.items():
+        if "{" not in value:
+            assert env.get(key) == value, f"{node}: lane env {key}={value!r}, container has {env.get(key)!r}"
+
+
+def test_rank_role(node):
+    lane = _lane(node)
+    info = _inspect(node, node.cluster.config.container_name)
+    args = info["Config"]["Cmd"] or []
+    wanted = lanes.launch(lane, node.cluster, node.node.rank, gmu=node.cluster.config.gpu_memory_utilization)
+    assert args == wanted.command, f"{node}: runs {args}, the lane renders {wanted.command}"
+    if lane.launch == "mp":
+        assert ("--headless" in args) == (node.node.rank > 0), f"{node}: rank {node.node.rank} args {args}"
+
+
+def test_api_completes(cluster):
+    lane = _lane(cluster[0])
+    status = _head(cluster).fact(LaneStatus, lane=lane.name)
+    assert status["api"] == "ok", f"the head's API does not complete a request: {status['api']}"
+
+
+def test_startup_log_checks(cluster):
+    lane = _lane(cluster[0])
+    head = _head(cluster)
+    log = head.root(f"docker logs {head.cluster.config.container_name} 2>&1").stdout
+    missing = [pattern for pattern in lane.startup_checks if not re.search(pattern, log, re.M)]
+    assert not missing, f"rank 0's start-up log lacks: {missing}"
