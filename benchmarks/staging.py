@@ -65,7 +65,7 @@ def pyinfra(*args: str) -> float:
 def main() -> int:
     if bed.container_pid(HEAD) is None or bed.container_pid(WORKER) is None:
         bed.up(2)
-    data = ["--data", f"model={REPO}", "--data", f"model_revision={REV}"]
+    data = ["--data", f"model={REPO}", "--data", f"model_revision={REV}", "--data", "lane="]
     pyinfra("inventory/sim.py", "deploys/prepare.py")
     bed.make_snapshot(bed.node_dir(HEAD) / f"root{CACHE}", REPO, REV, large=LARGE, large_bytes=LARGE_BYTES,
                       small=SMALL, small_bytes=SMALL_BYTES, seed=1)

@@ -7,11 +7,12 @@ node (rank 0 serves the API, the others run headless), no other lane running, re
 
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, inventory, state
 from pyinfra.operations import files, systemd
 
-from sparkinfra import lanes, operations, serving, settings
+from sparkinfra import lanes, lock, operations, serving, settings
 
+lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 config = cluster.config
 is_head = host.name == cluster.head.name
@@ -43,6 +44,15 @@ if config.lane:
         rank=mine.rank,
         variables=sorted(mine.env.items()),
     )
+    if is_head:
+        operations.secret_env_file(
+            name=f"The API key is in {serving.secret_env_path(name)} (root only)"
+            if config.api_key_env else "No API key file is left from an earlier setting",
+            path=serving.secret_env_path(name),
+            variable="VLLM_API_KEY",
+            env=config.api_key_env,
+            present=bool(config.api_key_env),
+        )
     files.put(
         name=f"This node's plan for lane {name} is in {serving.plan_path(name)}",
         src=StringIO(serving.plan_json(mine)),

@@ -5,8 +5,9 @@ the fabric link. Also the first step of ``deploys/serve.py``.
     pyinfra inventory/pair.py deploys/preflight.py
 """
 
-from pyinfra import state
+from pyinfra import inventory, state
 
-from sparkinfra import preflight, settings
+from sparkinfra import lock, preflight, settings
 
+lock.hold(state, inventory, settings.current())  # one converge at a time
 preflight.run(state, settings.current())

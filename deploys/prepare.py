@@ -6,13 +6,14 @@ over the fabric, no stale lane container.
     pyinfra inventory/pair.py deploys/prepare.py
 """
 
-from pyinfra import host, inventory
+from pyinfra import host, inventory, state
 from pyinfra.operations import files
 
-from sparkinfra import operations, settings
+from sparkinfra import lock, operations, settings
 from sparkinfra.mesh import MESH_KEY, MESH_KNOWN_HOSTS, mesh_config, mesh_known_hosts
 from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
+lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 node = cluster.node(host.name)
 fabric = cluster.fabric

@@ -4,10 +4,11 @@ One image ID and one verified model snapshot on every node, moved head -> worker
     pyinfra inventory/pair.py deploys/stage.py            # --data stage_verify=deep: sha256 of every file
 """
 
-from pyinfra import host, inventory
+from pyinfra import host, inventory, state
 
-from sparkinfra import operations, settings, stage
+from sparkinfra import lock, operations, settings, stage
 
+lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
@@ -34,7 +35,9 @@ for repo, revision in stage.models(cluster):
             repo=repo,
             revision=revision,
             cache_dir=config.model_dir,
+            image=config.image,
             token_env=config.hf_token_env,
+            endpoint=config.hf_endpoint,
         )
         operations.snapshot_manifest(
             name=f"Manifest of {repo} is current on the head",

@@ -5,10 +5,11 @@ removed. Images, weights, the fabric and NCCL setup stay: a converge serves agai
     pyinfra inventory/pair.py deploys/teardown.py
 """
 
-from pyinfra import host
+from pyinfra import host, inventory, state
 
-from sparkinfra import operations, settings
+from sparkinfra import lock, operations, settings
 
+lock.hold(state, inventory, settings.current())  # one converge at a time
 config = settings.current().cluster_of(host.name).config
 
 operations.other_lanes_stopped(

@@ -8,12 +8,16 @@ model_dir = "/var/lib/sparkinfra/hf"
 preflight_free_gb = 1
 
 # Staging: the bed's image is built on the head from a rootfs the bed provides (no registry);
-# the bed places its tiny Llama (HF-cache layout) on the head, as if downloaded.
+# the head downloads the sim lane's tiny Llama from the bed's hub (a gated stand-in for huggingface.co
+# in the management namespace; `python -m sparkinfra.bed run` gives commands its token).
 image = "sparkbed/stage:1"
 image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
 model = "sparkbed/tiny-llama"
 model_revision = "7161ee11a3a0de1ce0000000000000000000c0de"
+hf_endpoint = "http://10.213.0.1:8731"
+hf_token_env = "SPARKBED_HF_TOKEN"
 
 # Serving: the bed's lane (lanes/sim.yaml), vLLM CPU TP=2 across the pair. A CPU start takes ~40 s.
 lane = "sim"
+api_key_env = "SPARKBED_API_KEY"  # the bed's controller environment holds a random key
 lane_ready_timeout = 300

@@ -313,6 +313,9 @@ def _read_yaml(path: Path, source: str) -> tuple[Any, dict[tuple, int]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise LaneError(f"{source}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise LaneError(f"{_where(source, line=line)}: not UTF-8 text ({exc.reason})") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -397,14 +400,26 @@ def load_lane(path: str | Path) -> Lane:
     return lane
 
 
-def find_lane(name: str, lanes_dir: str | Path = LANES_DIR) -> Lane:
-    """The lane ``<lanes_dir>/<name>.yaml``."""
-    lanes_dir = Path(lanes_dir)
-    path = lanes_dir / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in lanes_dir.glob("*.yaml"))) or "none"
-        raise LaneError(f"no lane {name!r} in {_display(lanes_dir)} (lanes: {known})")
-    return load_lane(path)
+def lane_dirs(project: str | Path | None = None) -> list[Path]:
+    """
+    Where lanes are looked up, in order: the project's own ``lanes/`` (in ``project``, the folder
+    pyinfra runs from, as for ``group_data/``; default: the current folder), then ``LANES_DIR``
+    (the lanes shipped with sparkinfra).
+    """
+    own = Path(project if project is not None else Path.cwd()) / "lanes"
+    return [own, LANES_DIR] if own.is_dir() and own.resolve() != LANES_DIR else [LANES_DIR]
+
+
+def find_lane(name: str, lanes_dir: str | Path | None = None, project: str | Path | None = None) -> Lane:
+    """The lane ``<name>.yaml`` in ``lanes_dir``, else the first of ``lane_dirs(project)`` holding it."""
+    dirs = [Path(lanes_dir)] if lanes_dir is not None else lane_dirs(project)
+    for folder in dirs:
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            return load_lane(path)
+    known = ", ".join(sorted({p.stem for folder in dirs for p in folder.glob("*.yaml")})) or "none"
+    where = " or ".join(_display(folder) for folder in dirs)
+    raise LaneError(f"no lane {name!r} in {where} (lanes: {known})")
 
 
 def lane_source(lane: Lane) -> str:

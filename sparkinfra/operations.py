@@ -12,10 +12,10 @@ import shlex
 from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.state import StateStage
-from pyinfra.facts.files import Directory, File, FileContents
+from pyinfra.facts.files import Directory, File, FileContents, Sha256File
 from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
 
@@ -472,15 +472,19 @@ _MISMATCH = (
 
 
 @operation()
-def snapshot_downloaded(repo: str, revision: str, cache_dir: str, token_env: str = "HF_TOKEN"):
+def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, token_env: str = "HF_TOKEN",
+                        endpoint: str = ""):
     """
     Ensure a model snapshot is in this host's HF cache, downloaded once with ``huggingface_hub``
-    when it is not. The token (from the controller's ``token_env``) reaches the host only as a
-    0600 file, removed after the download; it is never on a command line.
+    when it is not -- the lane image's own copy, so the host needs nothing but docker. The token
+    (from the controller's ``token_env``) reaches the host only as a 0600 file, mounted read-only
+    into the download and removed after it; it is never on a command line or in the output.
 
     + repo, revision: the repository and its pinned revision
     + cache_dir: the HF hub cache folder (``model_dir``)
+    + image: an image with python3 and huggingface_hub (the lane image, staged before)
     + token_env: the controller environment variable holding the token (may be unset)
+    + endpoint: the hub's URL (``HF_ENDPOINT``, a mirror); empty: huggingface.co
     """
     repo_path = stage.repo_dir(cache_dir, repo)
     if host.get_fact(Directory, path=f"{repo_path}/snapshots/{revision}") or (
@@ -494,6 +498,7 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, token_env: str
         # Not files.put: its --diff output would print the token. A function command holds the
         # token in a closure (its repr names only the function) and uploads it into a 0600 file.
         def upload_token(state, host):
+            # The folder is root-only (0700) before the token is in it.
             host.run_shell_command(StringCommand("install", "-d", "-m", "700", "/run/sparkinfra"), _sudo=True)
             ok = host.put_file(io.StringIO(token), token_file, _sudo=True)
             host.run_shell_command(StringCommand("chmod", "600", token_file), _sudo=True)
@@ -502,18 +507,67 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, token_env: str
         yield FunctionCommand(upload_token, (), {})
     script = (
         "import os, sys\n"
-        "f = sys.argv[4]\n"
-        "try:\n"
-        "    token = open(f).read().strip() if os.path.exists(f) else None\n"
-        "    from huggingface_hub import snapshot_download\n"
-        "    snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3], token=token)\n"
-        "finally:\n"
-        "    os.path.exists(f) and os.remove(f)\n"
+        "f = '/run/hf_token'\n"
+        "token = open(f).read().strip() if os.path.exists(f) else None\n"
+        "from huggingface_hub import snapshot_download\n"
+        "print(snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3], token=token))\n"
     )
-    yield StringCommand(
-        "python3", "-c", QuoteString(script), QuoteString(repo), QuoteString(revision),
-        QuoteString(cache_dir), QuoteString(token_file),
-    )
+    run = [
+        "docker", "run", "--rm", "--network", "host", "--entrypoint", "python3",
+        "-v", f"{shlex.quote(cache_dir)}:{shlex.quote(cache_dir)}",
+        *(["-v", f"{token_file}:/run/hf_token:ro"] if token else []),
+        *(["-e", f"HF_ENDPOINT={shlex.quote(endpoint)}"] if endpoint else []),
+        shlex.quote(image), "-c", shlex.quote(script), shlex.quote(repo), shlex.quote(revision), shlex.quote(cache_dir),
+    ]
+    yield f"mkdir -p {shlex.quote(cache_dir)} && {' '.join(run)}; rc=$?; rm -f {token_file}; exit $rc"
+
+
+# Secrets
+# -------
+
+
+@operation()
+def secret_env_file(path: str, variable: str, env: str, present: bool = True):
+    """
+    Ensure a root-only (0600) env file holds ``VARIABLE=<value of the controller's $env>``. The
+    value is compared by its sha256 and uploaded by a function command: it never appears in
+    pyinfra's output, ``--diff``, ``--debug`` or ``--json``, nor on a command line.
+
+    + path: the file on the host
+    + variable: the variable it defines (``VLLM_API_KEY``)
+    + env: the controller environment variable holding the value
+    + present: whether the file must exist
+    """
+    import hashlib
+
+    if not present:
+        if host.get_fact(File, path=path):
+            yield StringCommand("rm", "-f", QuoteString(path))
+        else:
+            host.noop(f"{path} is absent")
+        return
+    value = os.environ.get(env, "")
+    if not value:
+        yield from _refuse(f"{host.name}: the controller's ${env} is empty; it must hold the secret for {path}")
+        return
+    content = f"{variable}={value}\n"
+    info = host.get_fact(File, path=path)
+    same = info and host.get_fact(Sha256File, path=path) == hashlib.sha256(content.encode()).hexdigest()
+    if same and info.get("mode") == 600 and info.get("user") == "root":
+        host.noop(f"{path} holds the current secret")
+        return
+
+    def upload(state, host):
+        # The folder is root-only before the secret is in it; the file is 0600 before it is filled.
+        folder = str(Path(path).parent)
+        host.run_shell_command(StringCommand("install", "-d", "-m", "755", folder), _sudo=True)
+        host.run_shell_command(StringCommand("install", "-m", "600", "-o", "root", "/dev/null", QuoteString(path)), _sudo=True)
+        ok = host.put_file(io.StringIO(content), path, _sudo=True)
+        host.run_shell_command(StringCommand("chmod", "600", QuoteString(path)), _sudo=True)
+        host.run_shell_command(StringCommand("chown", "root:root", QuoteString(path)), _sudo=True)
+        return ok
+
+    yield FunctionCommand(upload, (), {})
 
 
 # Lanes
@@ -534,10 +588,14 @@ def other_lanes_stopped(lane: str):
         name for name, state in units.items()
         if name != lane and (state["active"] in ACTIVE_STATES or state["enabled"] == "enabled")
     )
-    if not others:
+    failed = sorted(name for name, state in units.items() if name != lane and state["active"] == "failed")
+    if not others and not failed:
         host.noop("no other lane runs here")
         return
-    yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
+    if others:
+        yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
+    if failed:
+        yield StringCommand("systemctl", "reset-failed", *[serving.unit_name(o) for o in failed])
 
 
 @operation()
@@ -607,6 +665,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
         host.noop(f"lane {lane} serves")
         return
     unit = serving.unit_name(lane)
+    # Said in every run, --dry included: what restarts, and why.
+    logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
     yield StringCommand("systemctl", "restart", unit)
     yield StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(lane), str(ready_timeout))
 

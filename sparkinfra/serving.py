@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +36,19 @@ def env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.env"
 
 
-def api_key_path(lane: str) -> str:
-    return f"{PLANS_DIR}/{lane}.key"
+def secret_env_path(lane: str) -> str:
+    """The head's root-only env file holding ``VLLM_API_KEY`` (when the settings name a key)."""
+    return f"{PLANS_DIR}/{lane}.secret.env"
+
+
+def api_key(config) -> str:
+    """The API key from the controller's environment ('' when the settings name none)."""
+    return os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+
+
+def _secret_tag(value: str) -> str:
+    """Stands for a secret in the digest: a changed key restarts the lane; the key itself is not there."""
+    return hashlib.sha256(f"sparkinfra-secret:{value}".encode()).hexdigest()[:12] if value else ""
 
 
 @dataclass(frozen=True)
@@ -61,12 +73,14 @@ def _env(lane: lanes.Lane, cluster: Cluster, node: Node, launch: lanes.Launch) -
     return dict(sorted(env.items()))
 
 
-def _docker_options(lane: lanes.Lane, cluster: Cluster) -> list[str]:
+def _docker_options(lane: lanes.Lane, cluster: Cluster, head: bool) -> list[str]:
     config = cluster.config
+    secret = ["--env-file", secret_env_path(lane.name)] if head and config.api_key_env else []
     return [
         "--network", "host",
         "--env-file", NCCL_ENV_FILE,
         "--env-file", env_path(lane.name),
+        *secret,
         "-v", f"{config.nccl_library}:{config.nccl_library}:ro",
         "-v", f"{config.model_dir}:{CONTAINER_HF}:ro",
         *lanes.container_options(lane),
@@ -88,14 +102,16 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             "rank": node.rank,
             "container": config.container_name,
             "image": lane.image or config.image,
-            "docker_options": _docker_options(lane, cluster),
+            "docker_options": _docker_options(lane, cluster, is_head),
             "command": launch.command,
             "api_port": api_port,
             "served_model_name": lane.served_model_name or lane.model,
-            "api_key_file": lanes_api_key_file(lane.name) if is_head else "",
+            "api_key_file": secret_env_path(lane.name) if is_head and config.api_key_env else "",
+            "api_key_tag": _secret_tag(api_key(config)) if is_head else "",
             "workers": [{"ip": str(w.fabric_ip), "rank": w.rank} for w in cluster.workers] if is_head else [],
             "warmup": [w.model_dump(exclude_none=True) for w in lane.warmup] if is_head else [],
             "watch_interval": 5,
+            "stop_seconds": 30,
             "watch_grace": 20,
             "liveness_interval": config.lane_liveness_interval,
             "liveness_timeout": 60,
@@ -123,10 +139,6 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
         RankPlan(node=p.node, rank=p.rank, env=p.env, plan={**p.plan, "digest": digest}, unit=p.unit)
         for p in draft
     ]
-
-
-def lanes_api_key_file(lane: str) -> str:
-    return api_key_path(lane)
 
 
 def lane_digest(plans: list[RankPlan]) -> str:

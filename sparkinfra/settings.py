@@ -10,6 +10,7 @@ An error names the file (or ``--data``) and the key it came from.
 from __future__ import annotations
 
 import ast
+import traceback
 from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -64,7 +65,9 @@ class HostSettings(BaseModel):
     fabric_ip: IPv4Address = Field(description="The node's static address on the RoCE fabric.")
 
     # The fabric (the same on every node of a cluster)
-    fabric_interface: str = Field("enp1s0f0np0", description="Ethernet side of the ConnectX-7 port.")
+    fabric_interface: str = Field(
+        "enp1s0f0np0", pattern=r"^[^\s/:]{1,15}$", description="Ethernet side of the ConnectX-7 port."
+    )
     fabric_subnet: IPv4Network = Field(description="Fabric subnet; every fabric_ip lies in it.")
     fabric_mtu: int = Field(4200, ge=1280, le=9216, description="MTU of the fabric interface.")
     rdma_devices: list[str] = Field(
@@ -101,7 +104,9 @@ class HostSettings(BaseModel):
     )
 
     container_name: str = Field(
-        "vllm_node", description="Name of a lane's container on every node (stale ones are removed)."
+        "vllm_node",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Name of a lane's container on every node (stale ones are removed).",
     )
 
     # Preflight (deploys/preflight.py)
@@ -128,7 +133,12 @@ class HostSettings(BaseModel):
     drafter: str = Field("", description="Drafter model repository id; empty: none.")
     drafter_revision: str = Field("main", description="Pinned revision (commit) of the drafter.")
     hf_token_env: str = Field(
-        "HF_TOKEN", description="Controller environment variable holding the Hugging Face token."
+        "HF_TOKEN",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Controller environment variable holding the Hugging Face token.",
+    )
+    hf_endpoint: str = Field(
+        "", pattern=r"^(https?://\S+)?$", description="Hub the head downloads from (HF_ENDPOINT, e.g. a mirror); empty: huggingface.co."
     )
     stage_verify: Literal["size", "deep"] = Field(
         "size", description="How workers are compared to the manifest: sizes, or sha256 of every file."
@@ -137,6 +147,11 @@ class HostSettings(BaseModel):
     stage_streams: int = Field(8, ge=1, le=64, description="Parallel transfer streams per worker.")
 
     # Serving (deploys/lane.py)
+    api_key_env: str = Field(
+        "",
+        pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
+        description="Controller environment variable holding the API key the head serves with; empty: no key.",
+    )
     lane: str = Field("", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none.")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="This cluster's GMU for every lane; empty: the lane's own value."
@@ -147,6 +162,20 @@ class HostSettings(BaseModel):
     lane_liveness_interval: int = Field(
         30, ge=5, description="Seconds between the head's one-token liveness completions."
     )
+
+    @model_validator(mode="after")
+    def _head_ports_differ(self) -> "HostSettings":
+        # The head binds all three; blame the one set explicitly (the other may be a default).
+        seen: dict[int, str] = {}
+        for key in ("api_port", "master_port", "stage_port"):
+            port = getattr(self, key)
+            if port in seen:
+                odd, other = key, seen[port]
+                if odd not in self.model_fields_set and other in self.model_fields_set:
+                    odd, other = other, odd
+                raise _rule(odd, f"port {port} is also {other}: the head binds both")
+            seen[port] = key
+        return self
 
 
 # Keys every node of a cluster must agree on: all but the node's own.
@@ -380,6 +409,10 @@ def load_settings(
     sources = _Sources(inventory, inventory_file, dirs, base)
 
     hosts = list(inventory)
+    if not hosts:
+        raise SettingsError(
+            f"{sources.inventory_file}: no hosts (a group of (name, data) tuples, as in inventory/pair.py)"
+        )
     per_host: dict[str, HostSettings] = {}
     connection: dict[str, tuple[str, str]] = {}
     for host in hosts:
@@ -443,7 +476,24 @@ def load_settings(
             key, host_name, message = _first_error(exc)
             host = inventory.get_host(host_name) if host_name else members[0]
             raise _error(sources.of(host, key), key, host.name, message) from None
+        _check_lane(clusters[name], sources, inventory)
     return Settings(clusters=clusters)
+
+
+def _check_lane(cluster: Cluster, sources, inventory) -> None:
+    """The cluster's lane file exists, is valid, and fits the cluster (nodes, TP x PP, models, ports)."""
+    from . import lanes
+
+    if not cluster.config.lane:
+        return
+    head = inventory.get_host(cluster.head.name)
+    try:
+        lane = lanes.find_lane(cluster.config.lane, project=sources.cwd)
+        problems = lanes.check_lane(lane, cluster)
+    except lanes.LaneError as exc:
+        problems = [str(exc)]
+    if problems:
+        raise _error(sources.of(head, "lane"), "lane", head.name, "; ".join(problems))
 
 
 # In a pyinfra run
@@ -481,7 +531,8 @@ def validate_inventory(inventory_file: str) -> Settings | None:
 
     Called at the end of each inventory file. Builds the inventory the way pyinfra's CLI
     does (the file, ``group_data/``, ``--data``) and raises ``InventorySettingsError``
-    (a pyinfra error: printed without a traceback) on the first bad key.
+    (a pyinfra error: printed without a traceback) on the first bad key, or naming the file
+    and line of a Python error in a ``group_data`` file.
     """
     from pyinfra_cli.inventory import make_inventory_from_files
 
@@ -492,12 +543,33 @@ def validate_inventory(inventory_file: str) -> Settings | None:
     try:
         cwd = str(Path.cwd())
         group_data = list(_cli_params().get("group_data") or ())
-        inventory = make_inventory_from_files(path, _cli_override_data(), cwd, group_data)
+        try:
+            inventory = make_inventory_from_files(path, _cli_override_data(), cwd, group_data)
+        except PyinfraError:
+            raise
+        except Exception as exc:  # a broken inventory or group_data file: say where, not how pyinfra got there
+            raise InventorySettingsError(f"bad settings: {_load_error(exc, path)}") from None
         return load_settings(inventory, _display(Path(path)), cwd, group_data)
     except SettingsError as exc:
         raise InventorySettingsError(f"bad settings: {exc}") from None
     finally:
         _validating.discard(path)
+
+
+def _load_error(exc: Exception, inventory_file: str) -> str:
+    """``<file>, line <n>: <what>`` of an error raised while pyinfra reads an inventory or group_data file."""
+    from pyinfra_cli.exceptions import UnexpectedExternalError
+
+    if isinstance(exc, SyntaxError):
+        return f"{_display(Path(exc.filename or inventory_file))}, line {exc.lineno}: Python syntax: {exc.msg}"
+    filename, line = inventory_file, None
+    if isinstance(exc, UnexpectedExternalError):  # raised by the file's own code
+        filename, exc = exc.filename, exc.exception
+        for frame, lineno in traceback.walk_tb(exc.__traceback__):
+            if frame.f_code.co_filename == filename:
+                line = lineno
+    where = f"{_display(Path(filename))}, line {line}" if line else _display(Path(filename))
+    return f"{where}: {type(exc).__name__}: {exc}"
 
 
 @lru_cache(maxsize=None)

@@ -368,6 +368,62 @@ def build_tiny_model() -> Path:
     return TINY_MODEL
 
 
+# The bed's hub: a stand-in for huggingface.co (``hub.py``) in the management namespace, gated
+# by a token; the head downloads the sim lane's model from it (settings: hf_endpoint).
+HUB_ROOT = CACHE / "hub"
+HUB_PORT = 8731
+HUB_URL = f"http://{MGMT_GATEWAY}:{HUB_PORT}"
+HUB_TOKEN_ENV = "SPARKBED_HF_TOKEN"
+
+
+def hub_token_file() -> Path:
+    return CONTROLLER_DIR / "hf_token"
+
+
+API_KEY_ENV = "SPARKBED_API_KEY"
+
+
+def api_key_file() -> Path:
+    return CONTROLLER_DIR / "api_key"
+
+
+def _secret(path: Path) -> str:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(os.urandom(16).hex() + "\n")
+    return path.read_text().strip()
+
+
+def controller_env() -> dict[str, str]:
+    """The controller's environment in the bed: the hub's token and the API key, as a user's shell holds them."""
+    env = dict(os.environ)
+    if CONTROLLER_DIR.exists():
+        env[HUB_TOKEN_ENV] = _secret(hub_token_file())
+        env[API_KEY_ENV] = _secret(api_key_file())
+    return env
+
+
+def _start_hub() -> int:
+    """Serve the tiny model at HUB_URL (repo SIM_MODEL, revision SIM_REVISION) until the bed goes down."""
+    repo = HUB_ROOT / SIM_MODEL / SIM_REVISION
+    if not repo.exists():
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        repo.symlink_to(build_tiny_model())
+    token = hub_token_file()
+    _secret(token)
+    log_file = open(STATE / "hub.log", "a")
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", MGMT_NS, sys.executable, "-m", "sparkinfra.bed.hub", "--root", str(HUB_ROOT),
+         "--host", MGMT_GATEWAY, "--port", str(HUB_PORT), "--token-file", str(token)],
+        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+        preexec_fn=lambda: _enter_own_cgroup("hub"),
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    (STATE / "hub.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
 def place_snapshot(source: Path, cache_dir: Path, repo: str, revision: str) -> Path:
     """Copy the files of ``source`` into ``cache_dir`` as ``huggingface_hub`` lays out a download."""
     import hashlib
@@ -705,12 +761,10 @@ def up(count: int = 2) -> dict:
             f"  IdentityFile {key}\n  UserKnownHostsFile {known_hosts()}\n"
             "  StrictHostKeyChecking yes\n  IdentitiesOnly yes\n  BatchMode yes\n"
         )
-    # The head holds the sim lane's model, as if downloaded: deploys/stage.py takes it from there.
-    place_snapshot(build_tiny_model(), node_dir(nodes[0].name) / "root/var/lib/sparkinfra/hf",
-                   SIM_MODEL, SIM_REVISION)
     known_hosts().write_text("".join(host_lines))
     ssh_config().write_text("".join(config_lines))
     _make_networks(nodes)
+    _start_hub()
     for node in nodes:
         _start_supervisor(node)
     for node in nodes:
@@ -817,7 +871,7 @@ def clear_stale() -> None:
                 pass
     if NODES_DIR.exists():
         shutil.rmtree(NODES_DIR)
-    for path in (state_file(),):
+    for path in (state_file(), STATE / "hub.pid"):
         path.unlink(missing_ok=True)
 
 

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     elif args.command == "exec":
         return bed.node_exec(args.node, *args.cmd, check=False, capture=False).returncode
     elif args.command == "run":
-        return bed.in_netns(bed.MGMT_NS, *args.cmd, check=False).returncode
+        return bed.in_netns(bed.MGMT_NS, *args.cmd, check=False, env=bed.controller_env()).returncode
     elif args.command == "supervise":
         return bed.supervise(args.node)
     return 0

@@ -67,9 +67,12 @@ def other_lane_units(lane: str) -> list[str]:
 
 
 def api_key(p: dict) -> str:
+    """The API key from the head's root-only secret env file (``VLLM_API_KEY=...``), if any."""
     path = p.get("api_key_file")
     if path and os.path.exists(path):
-        return Path(path).read_text().strip()
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("VLLM_API_KEY="):
+                return line.split("=", 1)[1].strip()
     return ""
 
 
@@ -174,6 +177,8 @@ def cmd_run(lane: str) -> int:
     while not stopping:
         try:
             code = child.wait(timeout=p["watch_interval"])
+            if stopping:
+                break
             say(f"rank 0 container exited with status {code}")
             return code or 1  # exit 0 after a dead worker still means "not serving"
         except subprocess.TimeoutExpired:
@@ -186,6 +191,8 @@ def cmd_run(lane: str) -> int:
             break
         if not ready:
             ready = request(p, "/health", timeout=5)[0] == 200
+            if ready:
+                warm(lane, p)  # after any (re)start, also one nobody asked for: JIT costs stay out of use
             continue
         if time.monotonic() - last_live >= p["liveness_interval"]:
             ok, detail = completion(p, timeout=p["liveness_timeout"])
@@ -196,7 +203,7 @@ def cmd_run(lane: str) -> int:
                 break
     if reason:
         say(f"{reason}: restarting the lane on every node")
-    sh("docker", "stop", "-t", "30", p["container"], timeout=90)
+    sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
     child.wait()
     return 0 if stopping and not reason else 1
 
@@ -270,7 +277,11 @@ def cmd_wait_ready(lane: str, timeout: float) -> int:
 
 
 def cmd_warmup(lane: str) -> int:
-    p = plan(lane)
+    return 0 if warm(lane, plan(lane)) else 1
+
+
+def warm(lane: str, p: dict) -> bool:
+    """One throwaway request per workload shape; marks the lane warm for the plan it started with."""
     for shape in p["warmup"]:
         extra = {k: shape[k] for k in ("chat_template_kwargs", "response_format") if shape.get(k)}
         body_messages = shape.get("messages") or [{"role": "user", "content": shape.get("prompt", "ping")}]
@@ -279,10 +290,10 @@ def cmd_warmup(lane: str) -> int:
                                 messages=body_messages, **extra)
         print(f"warm-up {shape['name']}: {detail} in {time.monotonic() - began:.1f}s", flush=True)
         if not ok:
-            return 1
+            return False
     started = json.loads((MARKS / f"{lane}.started").read_text())
     (MARKS / f"{lane}.warm").write_text(json.dumps(started))
-    return 0
+    return True
 
 
 def main(argv: list[str]) -> int:

@@ -72,7 +72,8 @@ class Bed:
         """Run a command in the management namespace, from the project root."""
         return subprocess.run(
             ["ip", "netns", "exec", simbed.MGMT_NS, *args],
-            cwd=ROOT, text=True, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs,
+            cwd=ROOT, text=True, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            env=simbed.controller_env(), **kwargs,
         )
 
     def converge_in_background(self, inventory: str, deploy: str, *data: str) -> subprocess.Popen:
@@ -81,7 +82,7 @@ class Bed:
         for item in data:
             args += ["--data", item]
         return subprocess.Popen(
-            ["ip", "netns", "exec", simbed.MGMT_NS, *args], cwd=ROOT,
+            ["ip", "netns", "exec", simbed.MGMT_NS, *args], cwd=ROOT, env=simbed.controller_env(),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 

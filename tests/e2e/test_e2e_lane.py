@@ -5,9 +5,17 @@ each healed by one converge -> verify; then lane switching.
 """
 
 import json
+import os
+import re
+import sys
 import time
+from pathlib import Path
+
+import subprocess
 
 import pytest
+
+from sparkinfra import bed as simbed
 
 INV = "inventory/sim.py"
 CONTAINER = "vllm_node"
@@ -33,9 +41,14 @@ def _chat(bed, prompt="Say hello", max_tokens=12, model="tiny"):
         "import json,urllib.request;"
         f"body=json.dumps({{'model':{model!r},'messages':[{{'role':'user','content':{prompt!r}}}],'max_tokens':{max_tokens}}}).encode();"
         "r=urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8000/v1/chat/completions',data=body,"
-        "headers={'Content-Type':'application/json'}),timeout=120);print(r.read().decode())"
+        "headers={'Content-Type':'application/json','Authorization':'Bearer '+open('/dev/stdin').read().strip()}),"
+        "timeout=120);print(r.read().decode())"
     )
-    out = bed.node("spark-1", f"python3 -c \"{script}\"", check=False)
+    key = simbed.controller_env()[simbed.API_KEY_ENV]  # on stdin: never on a command line
+    out = subprocess.run(
+        ["nsenter", "-t", str(simbed.container_pid("spark-1")), "-m", "-u", "-i", "-n", "-p", "--",
+         "python3", "-c", script], input=key, text=True, capture_output=True, timeout=180,
+    )
     assert out.returncode == 0, f"completion failed: {out.stderr[-800:]}"
     return json.loads(out.stdout)
 
@@ -50,6 +63,21 @@ def _assert_serving(bed, lane="sim"):
     for node in ("spark-1", "spark-2"):
         assert _active(bed, node, lane) == "active", f"{node}: {UNIT.format(lane)} is {_active(bed, node, lane)}"
     return reply
+
+
+def _status(bed, lane="sim"):
+    out = bed.node("spark-1", f"python3 /usr/local/lib/sparkinfra/lane_ctl.py status {lane}")
+    return json.loads(out.stdout)
+
+
+def _wait_warm(bed, lane="sim", timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = _status(bed, lane)
+        if status["warm"] and status["warm"] == status["started"]:
+            return
+        time.sleep(2)
+    pytest.fail(f"lane {lane} was not warmed: {status}")
 
 
 def _verify_ok(bed, *args):
@@ -109,6 +137,7 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
         time.sleep(3)
     else:
         pytest.fail(f"the lane did not come back by itself: {before} -> {after}")
+    _wait_warm(bed)  # the head warms a lane it restarted itself
     run = bed.converge(INV, "deploys/serve.py")
     assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
 
@@ -159,3 +188,132 @@ def test_other_lane_started_by_hand_is_stopped(serving):
         assert _active(bed, node, "sim-b") == "inactive", f"{node}: sim-b still runs"
     _assert_serving(bed)
     _verify_ok(bed)
+
+
+# Operating safely (issue 6): dry runs, one converge at a time, teardown and re-converge
+# -------------------------------------------------------------------------------------
+
+STATE_PROBE = (
+    "find /etc/sparkinfra /etc/systemd/system -path '*sparkinfra*' -type f -exec sha256sum {} + | sort; "
+    "systemctl is-active sparkinfra-lane-sim.service sparkinfra-lane-sim-b.service; "
+    "docker ps -aq --no-trunc | sort; cat /run/sparkinfra/lanes/*.started 2>/dev/null"
+)
+
+
+def _host_state(bed):
+    return {n: bed.node(n, STATE_PROBE, check=False).stdout for n in ("spark-1", "spark-2")}
+
+
+def _pyinfra(*args):
+    return [str(Path(sys.executable).parent / "pyinfra"), *args]
+
+
+def test_dry_run_shows_diffs_and_restarts_and_touches_nothing(serving):
+    bed, _, _ = serving
+    before = _host_state(bed)
+    run = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=31"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "Will modify /etc/sparkinfra/lanes/sim.json" in out, out[-3000:]
+    assert '-   "liveness_interval": 30,' in out and '+   "liveness_interval": 31,' in out
+    assert "sparkinfra-lane-sim.service restarts (with its workers): its plan changed" in out
+    assert _host_state(bed) == before, "a dry run changed the hosts"
+
+
+def _wait_for_holder(bed, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if bed.node("spark-1", "test -s /run/sparkinfra/converge.holder", check=False).returncode == 0:
+            return
+        time.sleep(0.3)
+    pytest.fail("the first converge never took the lock")
+
+
+def test_second_converge_stops_at_once_naming_the_holder(serving):
+    bed, _, _ = serving
+    first = bed.converge_in_background(INV, "deploys/serve.py", "lane_liveness_interval=31")
+    try:
+        _wait_for_holder(bed)
+        started = time.monotonic()
+        second = bed.converge(INV, "deploys/serve.py", check=False)
+        seconds = time.monotonic() - started
+        out = second.stderr + str(second.results)
+        assert second.returncode != 0
+        assert re.search(r"another converge holds the lock on spark-1 .*pid %d .* since 20\d\d-" % first.pid, out), out[-2000:]
+        assert seconds < 15, f"the second converge took {seconds:.0f}s to stop"
+    finally:
+        assert first.wait(timeout=600) == 0
+    _assert_serving(bed)
+
+
+def test_lock_of_a_killed_converge_is_taken_over(serving):
+    bed, _, _ = serving
+    victim = bed.converge_in_background(INV, "deploys/serve.py")  # back to 30 s: a lane restart to interrupt
+    _wait_for_holder(bed)
+    victim.kill()
+    victim.wait()
+    run = bed.converge(INV, "deploys/serve.py")
+    assert f"taking over the converge lock left by a run that did not finish: root@" in run.stderr, run.stderr[-2000:]
+    assert f"pid {victim.pid}" in run.stderr
+    assert bed.node("spark-1", "test -e /run/sparkinfra/converge.holder", check=False).returncode != 0
+    _assert_serving(bed)
+
+
+def test_teardown_then_converge_serves_again_moving_no_image_or_weights(serving):
+    bed, _, _ = serving
+    down = bed.converge(INV, "deploys/teardown.py")
+    assert down.changed["spark-1"] and down.changed["spark-2"]
+    for node in ("spark-1", "spark-2"):
+        assert _active(bed, node, "sim") == "inactive"
+        assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
+        assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
+    again = bed.converge(INV, "deploys/teardown.py")
+    assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
+    before = bed.fabric_rx("spark-2")
+    bed.converge(INV, "deploys/serve.py")
+    moved = bed.fabric_rx("spark-2") - before
+    assert moved < 8 << 20, f"{moved} bytes reached the worker: image or weights were moved again"
+    _assert_serving(bed)
+    _verify_ok(bed)
+
+
+def test_api_refuses_requests_without_the_key(serving):
+    bed, _, _ = serving
+    out = bed.node("spark-1", "python3 -c \"import urllib.request,urllib.error\n"
+                   "try: urllib.request.urlopen('http://127.0.0.1:8000/v1/models', timeout=10); print(200)\n"
+                   "except urllib.error.HTTPError as e: print(e.code)\"")
+    assert out.stdout.strip() == "401", out.stdout
+
+
+def test_secrets_never_leak(serving):
+    """HF token and API key: a full serve that uses both (a fresh download, a rotated key) leaks neither."""
+    bed, _, _ = serving
+    simbed.api_key_file().write_text(os.urandom(16).hex() + "\n")  # rotated: the lane restarts with it
+    bed.node("spark-1", "rm -rf /var/lib/sparkinfra/hf/models--sparkbed--tiny-llama")  # downloaded again
+    env = simbed.controller_env()
+    secrets = {"HF token": env[simbed.HUB_TOKEN_ENV], "API key": env[simbed.API_KEY_ENV]}
+    debug = bed.controller(*_pyinfra("-y", "--debug", "-vvv", INV, "deploys/serve.py"))
+    assert debug.returncode == 0, debug.stderr[-3000:]
+    assert "Snapshot sparkbed/tiny-llama" in debug.stdout + debug.stderr
+    as_json = bed.controller(*_pyinfra("-y", "--json", INV, "deploys/serve.py"))
+    dry = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=32"))
+    verify = bed.verify(INV, "-vv")
+    assert verify.returncode == 0, verify.output[-3000:]
+    _assert_serving(bed)
+    outputs = {
+        "pyinfra --debug -vvv": debug.stdout + debug.stderr,
+        "pyinfra --json": as_json.stdout + as_json.stderr,
+        "pyinfra --dry --diff": dry.stdout + dry.stderr,
+        "verify suite": verify.output,
+    }
+    for node in ("spark-1", "spark-2"):
+        outputs[f"{node} unit files"] = bed.node(node, "cat /etc/systemd/system/sparkinfra-*.service").stdout
+        outputs[f"{node} command lines"] = bed.node(node, "ps -eo args").stdout
+        outputs[f"{node} plans"] = bed.node(node, "cat /etc/sparkinfra/lanes/*.json").stdout
+        outputs[f"{node} journal"] = bed.node(node, "journalctl --no-pager -o cat -n 5000").stdout
+    for what, secret in secrets.items():
+        leaks = [where for where, text in outputs.items() if secret in text]
+        assert not leaks, f"the {what} appears in: {leaks}"
+    mode = bed.node("spark-1", "stat -c '%a %U' /etc/sparkinfra/lanes/sim.secret.env").stdout.split()
+    assert mode == ["600", "root"], mode
+    assert bed.node("spark-1", "ls /run/sparkinfra/ | grep -c hf_token || true").stdout.strip() == "0"

@@ -13,7 +13,7 @@ from sparkinfra import bed as simbed
 INV = "inventory/sim.py"
 REPO = "sparkbed/e2e-moe"
 REV = "e2e0000000000000000000000000000000c0ffee"
-DATA = (f"model={REPO}", f"model_revision={REV}")
+DATA = (f"model={REPO}", f"model_revision={REV}", "lane=")  # a staging-only snapshot: no lane serves it
 SHARD = 48 << 20
 REPO_DIR = f"/var/lib/sparkinfra/hf/models--{REPO.replace('/', '--')}"
 SLACK = 2 << 20  # protocol overhead a transfer may add
@@ -43,7 +43,7 @@ def _converge(bed, *extra):
 
 
 def _verify(bed, *args):
-    return bed.verify(INV, "--data", DATA[0], "--data", DATA[1], "-k", "stage", *args)
+    return bed.verify(INV, *(a for item in DATA for a in ("--data", item)), "-k", "stage", *args)
 
 
 def test_first_converge_stages_image_and_snapshot(staged):

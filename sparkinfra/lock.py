@@ -1,0 +1,142 @@
+"""
+One converge at a time: a lock on each cluster's head, held for the whole pyinfra run.
+
+The lock is a ``flock`` held by a shell on the head that lives as long as this run's SSH
+connection to it (over pyinfra's own connection, reading its stdin): a run that dies drops it
+with its connection, so a killed run never blocks the next one. The holder (who, where, since
+when, what) is written next to it and removed when the run ends normally; a later run that finds
+the lock free but a holder left behind says it takes over from a run that did not finish.
+
+Every deploy calls ``hold()`` first; it acquires once per run, for every cluster head of the
+inventory, before any operation executes.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+
+from pyinfra import logger
+from pyinfra.api import State
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import BaseStateCallback
+
+LOCK = "/run/sparkinfra/converge.lock"
+HOLDER = "/run/sparkinfra/converge.holder"
+
+# state -> {head name: paramiko channel}; one entry per run (a CLI run has one state)
+_held: dict[int, dict[str, object]] = {}
+
+SCRIPT = f"""
+mkdir -p -m 700 /run/sparkinfra
+exec 9>>{LOCK}
+if ! flock -n 9; then echo BUSY; head -n1 {HOLDER} 2>/dev/null || echo; exit 1; fi
+if [ -s {HOLDER} ]; then echo STALE; head -n1 {HOLDER}; else echo FREE; echo; fi
+printf '%s\\n' "$1" > {HOLDER}
+echo HELD
+read -r line
+[ "$line" = release ] && rm -f {HOLDER}
+exit 0
+"""
+
+
+class ConvergeLocked(PyinfraError):
+    """Another converge holds a head's lock (printed by pyinfra without a traceback)."""
+
+
+def describe(holder_json: str) -> str:
+    try:
+        h = json.loads(holder_json)
+    except ValueError:
+        return holder_json.strip() or "an unknown run"
+    return f"{h.get('user')}@{h.get('controller')} pid {h.get('pid')} ({h.get('command')}) since {h.get('since')}"
+
+
+def _holder() -> str:
+    return json.dumps({
+        "user": getpass.getuser(),
+        "controller": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "pyinfra " + " ".join(a for a in sys.argv[1:] if not a.startswith("-"))[:200],
+    }, sort_keys=True)
+
+
+def _open(host, holder: str):
+    """Start the holding shell on ``host`` over its pyinfra SSH connection; return (channel, first lines)."""
+    client = getattr(host.connector, "client", None)
+    if client is None:
+        raise PyinfraError(f"{host.name}: the converge lock needs an SSH connection (connector {type(host.connector).__name__})")
+    channel = client.get_transport().open_session()
+    command = f"sh -c {shlex.quote(SCRIPT)} sparkinfra-lock {shlex.quote(holder)}"
+    user = host.data.get("ssh_user") or "root"
+    if host.data.get("_sudo") and user != "root":
+        command = f"sudo -n {command}"
+    channel.exec_command(command)
+    reader = channel.makefile("r")
+    status = reader.readline().strip()
+    detail = reader.readline().strip()
+    return channel, reader, status, detail
+
+
+def hold(state: State, inventory, settings) -> None:
+    """Take the converge lock on every cluster head of this run (once per run)."""
+    state = state._get_module() if hasattr(state, "_get_module") else state  # pyinfra's context proxy
+    if id(state) in _held:
+        return
+    held: dict[str, object] = {}
+    _held[id(state)] = held
+    holder = _holder()
+    for cluster in settings.clusters.values():
+        head = inventory.get_host(cluster.head.name)
+        if not head.connected:
+            continue  # pyinfra reports the failed connection itself
+        channel, reader, status, detail = _open(head, holder)
+        if status == "BUSY":
+            channel.close()
+            release(state)
+            raise ConvergeLocked(
+                f"another converge holds the lock on {head.name} ({cluster.name}'s head): {describe(detail)}; "
+                "nothing was changed"
+            )
+        if status == "STALE":
+            logger.warning(
+                f"--> {head.name}: taking over the converge lock left by a run that did not finish: {describe(detail)}"
+            )
+        elif status != "FREE":
+            channel.close()
+            raise PyinfraError(f"{head.name}: could not take the converge lock ({status} {detail})".strip())
+        if reader.readline().strip() != "HELD":
+            channel.close()
+            raise PyinfraError(f"{head.name}: the converge lock was not confirmed")
+        held[head.name] = channel
+    state.add_callback_handler(_ReleaseAtEnd())
+
+
+def release(state: State) -> None:
+    """Release every lock of this run (a normal end: the holder record goes too)."""
+    state = state._get_module() if hasattr(state, "_get_module") else state
+    for channel in _held.get(id(state), {}).values():
+        try:
+            channel.sendall(b"release\n")
+            channel.shutdown_write()
+            channel.recv_exit_status()
+            channel.close()
+        except (OSError, EOFError):
+            pass
+    _held.get(id(state), {}).clear()
+
+
+class _ReleaseAtEnd(BaseStateCallback):
+    """Release the locks once the run's last operation has ended."""
+
+    @staticmethod
+    def operation_end(state: State, op_hash) -> None:
+        order = state.get_op_order()
+        if order and op_hash == order[-1]:
+            release(state)

@@ -1,0 +1,2 @@
+_sudo = True
+stage_stream = 4

@@ -1,0 +1,1 @@
+nccl_version = "2.29.7"
