@@ -80,6 +80,7 @@ if config.lane:
         systemd.service(
             name=f"Lane {name} starts with the head at boot",
             service=serving.unit_name(name),
+            running=None,  # starting is lane_running's: once, all ranks, workers first
             enabled=True,
         )
         operations.lane_running(

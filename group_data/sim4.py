@@ -8,3 +8,7 @@ image = "sparkbed/stage:1"
 image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
 model = "sparkbed/tiny-llama"
 model_revision = "7161ee11a3a0de1ce0000000000000000000c0de"
+# The head downloads the tiny model from the bed's hub (token in the bed's controller environment).
+hf_endpoint = "http://10.213.0.1:8731"
+hf_token_env = "SPARKBED_HF_TOKEN"
+# Serving stays on the pair (2 cores): no lane here.

@@ -115,6 +115,11 @@ def hold(state: State, inventory, settings) -> None:
             channel.close()
             raise PyinfraError(f"{head.name}: the converge lock was not confirmed")
         held[head.name] = channel
+    from .settings import _cli_params
+
+    if _cli_params().get("dry"):
+        release(state)  # a dry run only checks that no converge is under way: it changes nothing
+        return
     state.add_callback_handler(_ReleaseAtEnd())
 
 

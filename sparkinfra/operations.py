@@ -594,8 +594,9 @@ def other_lanes_stopped(lane: str):
         return
     if others:
         yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
-    if failed:
-        yield StringCommand("systemctl", "reset-failed", *[serving.unit_name(o) for o in failed])
+    # A rank stopped mid-start may end "failed": stopped on purpose, it is just inactive.
+    stale = sorted(set(others) | set(failed))
+    yield StringCommand("systemctl", "reset-failed", *[serving.unit_name(o) for o in stale], "2>/dev/null", "||", "true")
 
 
 @operation()
@@ -650,6 +651,20 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     + ready_timeout: seconds the lane may take to answer after a (re)start
     """
     status = host.get_fact(LaneStatus, lane=lane) or {}
+    unit = serving.unit_name(lane)
+    wait = StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(lane), str(ready_timeout))
+    age = status.get("age")
+    starting = (
+        status.get("unit") in ("active", "activating") and status.get("started") == digest
+        and age is not None and age < ready_timeout and status.get("api") != "ok"
+        and all(state in ("active", "activating") for state in status.get("workers", {}).values())
+    )
+    if starting:
+        # Already (re)starting on its own (its unit restarts the lane when a rank dies): wait for it,
+        # restarting it only if it does not become ready.
+        logger.info(f"    [{host.name}] {unit} is starting ({age}s ago): waiting for it")
+        yield StringCommand(wait, "||", "(", "systemctl", "restart", unit, "&&", wait, ")")
+        return
     reasons = []
     if status.get("unit") != "active":
         reasons.append(f"its unit is {status.get('unit', 'not installed')}")
@@ -664,11 +679,10 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     if not reasons:
         host.noop(f"lane {lane} serves")
         return
-    unit = serving.unit_name(lane)
     # Said in every run, --dry included: what restarts, and why.
     logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
     yield StringCommand("systemctl", "restart", unit)
-    yield StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(lane), str(ready_timeout))
+    yield wait
 
 
 @operation()

@@ -87,7 +87,9 @@ def head_transfer_script(repo: str, workers: list[str], bind_ip: str, port: int,
     root = repo.rstrip("/").rsplit("/", 1)[0]
     conf = (
         f"address = {bind_ip}\nport = {int(port)}\nuse chroot = no\nnumeric ids = yes\n"
-        f"reverse lookup = no\n[stage]\npath = {root}\nread only = yes\n"
+        # uid root: huggingface_hub writes some cache files 0600 (trees/<rev>.json); still read-only,
+        # and open only to the workers' fabric addresses for the transfer's duration.
+        f"reverse lookup = no\n[stage]\npath = {root}\nread only = yes\nuid = root\ngid = root\n"
         f"hosts allow = {' '.join(workers)}\nhosts deny = *\n"
     )
     source = f"rsync://{bind_ip}:{int(port)}/stage/"

@@ -229,6 +229,8 @@ def cmd_status(lane: str) -> int:
         for name in ("started", "warm"):
             mark = MARKS / f"{lane}.{name}"
             status[name] = json.loads(mark.read_text())["digest"] if mark.exists() else None
+        mark = MARKS / f"{lane}.started"
+        status["age"] = round(time.time() - json.loads(mark.read_text())["at"]) if mark.exists() else None
         if p["rank"] == 0:
             status["workers"] = {w["ip"]: unit_state_remote(w["ip"], lane) for w in p["workers"]}
             if status["unit"] == "active" and port_open(p):
@@ -248,12 +250,14 @@ def restarts(unit: str) -> int:
 def cmd_wait_ready(lane: str, timeout: float) -> int:
     p = plan(lane)
     unit = UNIT.format(lane)
-    started, restarted = time.monotonic(), restarts(unit)
+    started, baseline = time.monotonic(), None
     stage, last_note = "port", 0.0
     while True:
         elapsed = time.monotonic() - started
         state = unit_state(unit)
-        if state in ("failed", "inactive") or restarts(unit) > restarted:
+        if state == "active" and baseline is None:
+            baseline = restarts(unit)  # counted from the start we wait for
+        if state in ("failed", "inactive") or (baseline is not None and restarts(unit) > baseline):
             what = f"unit {state}" if state in ("failed", "inactive") else "rank 0 exited and the unit restarted it"
             log = sh("journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat").stdout
             print(f"lane {lane}: {what} after {elapsed:.0f}s; its last lines:\n{log}", file=sys.stderr)

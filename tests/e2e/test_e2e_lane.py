@@ -220,10 +220,11 @@ def test_dry_run_shows_diffs_and_restarts_and_touches_nothing(serving):
     assert _host_state(bed) == before, "a dry run changed the hosts"
 
 
-def _wait_for_holder(bed, timeout=60):
+def _wait_for_holder(bed, pid, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if bed.node("spark-1", "test -s /run/sparkinfra/converge.holder", check=False).returncode == 0:
+        holder = bed.node("spark-1", "cat /run/sparkinfra/converge.holder", check=False).stdout
+        if f'"pid": {pid},' in holder:
             return
         time.sleep(0.3)
     pytest.fail("the first converge never took the lock")
@@ -233,7 +234,7 @@ def test_second_converge_stops_at_once_naming_the_holder(serving):
     bed, _, _ = serving
     first = bed.converge_in_background(INV, "deploys/serve.py", "lane_liveness_interval=31")
     try:
-        _wait_for_holder(bed)
+        _wait_for_holder(bed, first.pid)
         started = time.monotonic()
         second = bed.converge(INV, "deploys/serve.py", check=False)
         seconds = time.monotonic() - started
@@ -249,7 +250,7 @@ def test_second_converge_stops_at_once_naming_the_holder(serving):
 def test_lock_of_a_killed_converge_is_taken_over(serving):
     bed, _, _ = serving
     victim = bed.converge_in_background(INV, "deploys/serve.py")  # back to 30 s: a lane restart to interrupt
-    _wait_for_holder(bed)
+    _wait_for_holder(bed, victim.pid)
     victim.kill()
     victim.wait()
     run = bed.converge(INV, "deploys/serve.py")
