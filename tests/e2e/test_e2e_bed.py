@@ -1,6 +1,7 @@
 """The bed itself: isolated, faithful where it matters, and honest about its stand-ins."""
 
 import subprocess
+import time
 
 from sparkinfra import bed as simbed
 
@@ -32,16 +33,26 @@ def test_gpu_standin_reports_a_gb10(pair):
     assert out.strip() == "NVIDIA GB10, 12.1"
 
 
+def _settled(pair, node, ready, timeout=10.0):
+    """The stand-ins' output once ``ready(output)`` holds (they redraw on netlink events, later under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = pair.node(node, "show_gids rocep1s0f0; ibv_devinfo -d rocep1s0f0").stdout
+        if ready(out) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
 def test_rdma_standins_follow_live_link_state(pair):
     """No IPv4 GID and active_mtu 1024 at power-on; the IPv4 RoCE v2 row and 4096 once configured."""
     n = "spark-2"
     pair.node(n, "ip addr flush dev enp1s0f0np0 scope global; ip link set enp1s0f0np0 mtu 1500 down;"
                  "ip addr add fd00:213:1::2/64 dev enp1s0f0np0 nodad")
-    out = pair.node(n, "sleep 0.3; show_gids rocep1s0f0; ibv_devinfo -d rocep1s0f0").stdout
+    out = _settled(pair, n, lambda o: "ffff" not in o and "active_mtu:\t\t1024 (3)" in o and "PORT_DOWN" in o)
     assert "ffff" not in out and "active_mtu:\t\t1024 (3)" in out and "PORT_DOWN" in out
     pair.node(n, "ip addr add 10.213.1.2/24 dev enp1s0f0np0; ip link set enp1s0f0np0 mtu 4200 up")
     pair.node("spark-1", "ip link set enp1s0f0np0 up")
-    out = pair.node(n, "sleep 0.5; show_gids rocep1s0f0; ibv_devinfo -d rocep1s0f0").stdout
+    out = _settled(pair, n, lambda o: "\tv2\t" in o and "10.213.1.2" in o and "PORT_ACTIVE" in o)
     v2_rows = [line.split("\t") for line in out.splitlines() if "10.213.1.2" in line and "\tv2\t" in line]
     assert [row[2] for row in v2_rows] == ["5"], out  # after the two IPv6 GID pairs: differs per node
     assert "active_mtu:\t\t4096 (5)" in out and "PORT_ACTIVE" in out
