@@ -41,8 +41,8 @@ def test_preflight_names_the_check_and_the_host(pair, fault):
 def test_serve_changes_nothing_when_preflight_fails(pair):
     pair.converge(INV, "deploys/prepare.py")
     pair.node("spark-1", "ip addr flush dev enp1s0f0np0 scope global")
-    run = pair.converge(INV, "deploys/serve.py", "preflight_free_gb=100000", check=False)
+    run = pair.converge(INV, "deploys/serve.py", "preflight_free_gb=100000", "lane=", check=False)
     assert run.returncode != 0 and "preflight failed, nothing changed" in run.stderr
     assert "10.213.1.1" not in pair.node("spark-1", "ip -4 -o addr show dev enp1s0f0np0").stdout
-    heal = pair.converge(INV, "deploys/serve.py")
+    heal = pair.converge(INV, "deploys/serve.py", "lane=")  # serving is test_e2e_zy_lane's: the bed stays lane-free
     assert heal.changed_hosts() == {"spark-1"}

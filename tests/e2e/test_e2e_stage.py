@@ -145,12 +145,12 @@ def test_interrupted_transfer_resumes_without_resending_completed_files(staged):
 
 
 def test_missing_snapshot_download_keeps_the_token_out_of_output_and_off_the_host(staged, monkeypatch):
-    """No hub is reachable from the bed: the download fails, but the token path is exercised."""
+    """The bed's hub has no such repository (and refuses this token): the download fails, but the token path is exercised."""
     bed, _, _ = staged
     secret = "hf_bedTOKEN0123456789abcdefSECRET"
     monkeypatch.setenv("HF_TOKEN", secret)
-    run = bed.converge(INV, "deploys/stage.py", "model=sparkbed/not-downloaded", f"model_revision={REV}",
-                       check=False)
+    run = bed.converge(INV, "deploys/stage.py", "model=sparkbed/not-downloaded", f"model_revision={REV}", "lane=",
+                       "hf_token_env=HF_TOKEN", check=False)
     assert run.returncode != 0
     assert "Snapshot sparkbed/not-downloaded" in run.stderr
     assert secret not in run.stderr and secret not in json_dump(run.results)
