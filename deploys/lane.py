@@ -24,7 +24,8 @@ operations.other_lanes_stopped(
 
 if config.lane:
     lane = lanes.find_lane(config.lane)
-    lanes.refuse_invalid(lane, cluster)  # before any host is touched: the controller's vLLM, cached
+    if is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
+        lanes.refuse_invalid(lane, cluster)
     plans = serving.rank_plans(lane, cluster)
     mine = next(p for p in plans if p.node.name == host.name)
     name, digest = lane.name, mine.plan["digest"]

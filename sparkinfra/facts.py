@@ -327,6 +327,8 @@ class LaneStatus(FactBase):
         }
 
     + lane: the lane's name
+    + probe: on the head, also ask the workers' units and the API (else ``workers`` stays empty and
+      ``api`` None: the marks and this node's unit only)
     """
 
     @staticmethod
@@ -334,11 +336,12 @@ class LaneStatus(FactBase):
         return {}
 
     @override
-    def command(self, lane: str) -> StringCommand:
+    def command(self, lane: str, probe: bool = True) -> StringCommand:
         from .serving import LANE_CTL
 
+        local = [] if probe else ["--local"]
         return StringCommand(
-            "test", "-f", LANE_CTL, "&&", "python3", LANE_CTL, "status", QuoteString(lane), "||", "echo", "'{}'"
+            "test", "-f", LANE_CTL, "&&", "python3", LANE_CTL, "status", QuoteString(lane), *local, "||", "echo", "'{}'"
         )
 
     @override

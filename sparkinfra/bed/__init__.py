@@ -688,12 +688,14 @@ def container_pid(name: str) -> int | None:
     return int(children[0]) if children else None
 
 
-def node_exec(name: str, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
-    """Run a command inside a node (all its namespaces), as root."""
+def node_exec(name: str, *args: str, check: bool = True, capture: bool = True,
+              input: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command inside a node (all its namespaces), as root; ``input``: its stdin."""
     pid = container_pid(name)
     if pid is None:
         raise RuntimeError(f"{name} is not running")
-    return run("nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", *args, check=check, capture=capture)
+    return run("nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", *args, check=check, capture=capture,
+               input=input)
 
 
 def wait_running(name: str, timeout: float = 90.0) -> str:

@@ -9,6 +9,7 @@ Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, ru
                                   one-token completion, stops the head (its unit restarts the lane)
     lane_ctl.py post LANE         head, ExecStopPost: stop the workers (a dead head takes the lane down)
     lane_ctl.py status LANE       JSON: units, container, started digest, workers, API
+                                  (--local: this node only, no workers, no API request)
     lane_ctl.py wait-ready LANE   port open -> /health 200 -> a completion returns tokens
     lane_ctl.py warmup LANE       one throwaway request per workload shape, then mark the lane warm
 
@@ -217,7 +218,8 @@ def unit_state_remote(ip: str, lane: str) -> str:
 # -------------------
 
 
-def cmd_status(lane: str) -> int:
+def cmd_status(lane: str, probe: bool = True) -> int:
+    """Print the lane's state here; ``probe``: on the head, also ask the workers and the API."""
     status = {"lane": lane, "unit": unit_state(UNIT.format(lane)), "planned": None, "started": None,
               "warm": None, "container": None, "workers": {}, "api": None, "others": other_lane_units(lane)}
     path = PLANS / f"{lane}.json"
@@ -226,12 +228,12 @@ def cmd_status(lane: str) -> int:
         status["planned"] = p["digest"]
         inspect = sh("docker", "inspect", "-f", "{{.State.Running}} {{.Image}}", p["container"])
         status["container"] = inspect.stdout.strip() or None
-        for name in ("started", "warm"):
-            mark = MARKS / f"{lane}.{name}"
-            status[name] = json.loads(mark.read_text())["digest"] if mark.exists() else None
-        mark = MARKS / f"{lane}.started"
-        status["age"] = round(time.time() - json.loads(mark.read_text())["at"]) if mark.exists() else None
-        if p["rank"] == 0:
+        marks = {name: MARKS / f"{lane}.{name}" for name in ("started", "warm")}
+        marks = {name: json.loads(path.read_text()) for name, path in marks.items() if path.exists()}
+        status["started"] = marks.get("started", {}).get("digest")
+        status["warm"] = marks.get("warm", {}).get("digest")
+        status["age"] = round(time.time() - marks["started"]["at"]) if "started" in marks else None
+        if p["rank"] == 0 and probe:
             status["workers"] = {w["ip"]: unit_state_remote(w["ip"], lane) for w in p["workers"]}
             if status["unit"] == "active" and port_open(p):
                 ok, detail = completion(p, timeout=30)
@@ -312,7 +314,7 @@ def main(argv: list[str]) -> int:
     if command == "post":
         return cmd_post(lane)
     if command == "status":
-        return cmd_status(lane)
+        return cmd_status(lane, probe="--local" not in argv[2:])
     if command == "wait-ready":
         return cmd_wait_ready(lane, float(argv[2]) if len(argv) > 2 else 1800)
     if command == "warmup":

@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import subprocess
-
 import pytest
 
 from sparkinfra import bed as simbed
@@ -45,10 +43,7 @@ def _chat(bed, prompt="Say hello", max_tokens=12, model="tiny"):
         "timeout=120);print(r.read().decode())"
     )
     key = simbed.controller_env()[simbed.API_KEY_ENV]  # on stdin: never on a command line
-    out = subprocess.run(
-        ["nsenter", "-t", str(simbed.container_pid("spark-1")), "-m", "-u", "-i", "-n", "-p", "--",
-         "python3", "-c", script], input=key, text=True, capture_output=True, timeout=180,
-    )
+    out = simbed.node_exec("spark-1", "python3", "-c", script, check=False, input=key)
     assert out.returncode == 0, f"completion failed: {out.stderr[-800:]}"
     return json.loads(out.stdout)
 
