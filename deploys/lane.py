@@ -78,6 +78,7 @@ if config.lane:
             request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
             docker_options=mine.plan["docker_options"],
         )
+    if is_head and host.data.get("lane_start", True):  # deploys/tune.py places the lane only
         systemd.service(
             name=f"Lane {name} starts with the head at boot",
             service=serving.unit_name(name),

@@ -10,7 +10,7 @@ from pyinfra import host, inventory, state
 from pyinfra.operations import files
 
 from sparkinfra import lock, operations, settings
-from sparkinfra.mesh import MESH_KEY, MESH_KNOWN_HOSTS, mesh_config, mesh_known_hosts
+from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS, mesh_config, mesh_known_hosts
 from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
 lock.hold(state, inventory, settings.current())  # one converge at a time
@@ -85,9 +85,9 @@ if node == cluster.head and cluster.workers:
     )
     files.block(
         name="Head's SSH config maps each worker's fabric IP to its user",
-        path="/root/.ssh/config",
+        path=MESH_CONFIG,
         content=mesh_config(cluster),
-        marker="# {mark} sparkinfra fabric mesh",
+        marker=MESH_CONFIG_MARKER,
     )
 
 operations.stale_container_absent(

@@ -3,14 +3,28 @@ Stop serving: every lane's units stopped (and not started at boot) on every node
 removed. Images, weights, the fabric and NCCL setup stay: a converge serves again, moving nothing.
 
     pyinfra inventory/pair.py deploys/teardown.py
+
+A full teardown also removes what sparkinfra installed: the lane units (systemd reloaded), plans,
+env files, runner and marks; the NCCL env file; the fabric address and its boot config (the port's
+MTU stays); the head's SSH mesh and its key on the workers. It needs the cluster's name, checked
+before any connection. Images, model snapshots (with their manifests), the pinned NCCL library and
+the converge lock stay: deploys/serve.py serves again moving neither image nor weights.
+
+    pyinfra inventory/pair.py deploys/teardown.py --data teardown=full --data teardown_confirm=pair
 """
 
 from pyinfra import host, inventory, state
+from pyinfra.operations import files, systemd
+from pyinfra.operations.util import any_changed
 
-from sparkinfra import lock, operations, settings
+from sparkinfra import lock, operations, serving, settings
+from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS
+from sparkinfra.nccl import NCCL_ENV_FILE
 
 lock.hold(state, inventory, settings.current())  # one converge at a time
-config = settings.current().cluster_of(host.name).config
+cluster = settings.current().cluster_of(host.name)
+node = cluster.node(host.name)
+config = cluster.config
 
 operations.other_lanes_stopped(
     name="No lane runs on this node, nor starts at boot",
@@ -20,3 +34,55 @@ operations.container_absent(
     name=f"No {config.container_name} container is left on this node",
     container=config.container_name,
 )
+
+if config.teardown == "full":
+    fabric = cluster.fabric
+    address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
+
+    # The lanes: units, plans and env files, the runner, the marks.
+    units = operations.lane_units_absent(name="No lane unit is installed on this node")
+    files.directory(
+        name=f"No lane plan or env file is left in {serving.PLANS_DIR}", path=serving.PLANS_DIR, present=False,
+    )
+    files.file(name=f"No lane runner is left at {serving.LANE_CTL}", path=serving.LANE_CTL, present=False)
+    files.directory(name=f"No lane marks are left in {serving.MARKS_DIR}", path=serving.MARKS_DIR, present=False)
+    files.directory(
+        name=f"No validation marks are left in {serving.STATE_DIR}", path=serving.STATE_DIR, present=False,
+    )
+
+    # The head's SSH mesh; the workers first: they find the key's line by the head's key.
+    if node != cluster.head:
+        operations.ssh_key_authorized(
+            name=f"Head's fabric key is not authorized for {node.ssh_user}",
+            user=node.ssh_user,
+            key_host=inventory.get_host(cluster.head.name),
+            key_path=f"{MESH_KEY}.pub",
+            from_ip=str(cluster.head.fabric_ip),
+            present=False,
+        )
+    else:
+        for path in (MESH_KEY, f"{MESH_KEY}.pub", MESH_KNOWN_HOSTS):
+            files.file(name=f"No {path} is left on the head", path=path, present=False)
+        files.block(
+            name=f"Head's {MESH_CONFIG} has no fabric mesh entries",
+            path=MESH_CONFIG,
+            marker=MESH_CONFIG_MARKER,
+            present=False,
+        )
+
+    # NCCL and the fabric (the pinned library and the port's MTU stay).
+    files.file(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
+    boot = operations.fabric_persisted(
+        name=f"Fabric address and MTU of {fabric.interface} are not in sparkinfra's boot config",
+        interface=fabric.interface,
+        address=address,
+        mtu=fabric.mtu,
+        present=False,
+    )
+    operations.fabric_address(
+        name=f"Fabric address {address} is not on {fabric.interface}",
+        interface=fabric.interface,
+        address=address,
+        present=False,
+    )
+    systemd.daemon_reload(name="systemd has forgotten the removed units", _if=any_changed(units, boot))

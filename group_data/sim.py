@@ -21,3 +21,20 @@ hf_token_env = "SPARKBED_HF_TOKEN"
 lane = "sim"
 api_key_env = "SPARKBED_API_KEY"  # the bed's controller environment holds a random key
 lane_ready_timeout = 300
+
+# Benchmarks (deploys/bench.py): shapes inside the tiny model's 512-token context; the project's
+# README is llama-benchy's prompt corpus (no book download from the bed).
+bench_probes = 2
+bench_max_tokens = 64
+bench_pp = [64]
+bench_tg = [16]
+bench_depth = [0, 128, 256]
+bench_concurrency = [1, 2]
+bench_runs = 2
+bench_book = "README.md"
+bench_coherence = False  # random weights answer nothing coherently
+
+# GMU bracketing (deploys/tune.py): the CPU build's knob; both nodes share this machine's memory,
+# so the bracket stops at 4 GiB per rank.
+tune_knob = "VLLM_CPU_KVCACHE_SPACE"
+tune_max = 4

@@ -363,3 +363,32 @@ class FileDigest(FactBase):
     @override
     def process(self, output):
         return output[0].strip() if output and output[0].strip() else None
+
+
+class SnapshotFiles(FactBase):
+    """
+    Returns the files at the top of a model snapshot folder (symlinks followed) with their sizes,
+    ``{"tokenizer.json": 2117, ...}``, or ``{}`` when the folder is missing.
+
+    + path: the snapshot folder (``<cache>/models--org--name/snapshots/<revision>``)
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "find", "-L", QuoteString(path), "-maxdepth", "1", "-type", "f", "-printf", QuoteString("%s %f\\n"),
+            "2>/dev/null", "||", "true",
+        )
+
+    @override
+    def process(self, output):
+        files = {}
+        for line in output:
+            size, _, name = line.strip().partition(" ")
+            if size.isdigit() and name:
+                files[name] = int(size)
+        return files

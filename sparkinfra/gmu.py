@@ -269,7 +269,8 @@ class Knob:
     """
     The setting that sizes the KV pool. ``unit`` is ``fraction`` (of the device's total memory)
     or ``GiB``; ``hi`` is the most the operator allows (tried when no start was too high yet);
-    ``margin`` (knob units) is kept below the edge a too-high start reports.
+    ``margin`` (knob units) is kept below the edge a too-high start reports; ``setting`` is the
+    per-cluster settings line that holds a value (``{value}`` stands for it).
     """
 
     name: str
@@ -278,6 +279,10 @@ class Knob:
     hi: float
     resolution: float
     margin: float = 0.0
+    setting: str = "{name} = {value}"
+
+    def setting_line(self, value: float) -> str:
+        return self.setting.format(name=self.name, value=self.format(value))
 
     @property
     def decimals(self) -> int:
@@ -298,7 +303,10 @@ class Knob:
 GMU = Knob("gpu_memory_utilization", "fraction", lo=0.10, hi=0.95, resolution=0.001, margin=0.0005)
 # The CPU build's KV cache size: VLLM_CPU_KVCACHE_SPACE is read with int() (whole GiB only);
 # ``--kv-cache-memory-bytes`` takes bytes where finer steps are needed.
-CPU_KV_SPACE = Knob("VLLM_CPU_KVCACHE_SPACE", "GiB", lo=1, hi=16, resolution=1, margin=0.5)
+CPU_KV_SPACE = Knob(
+    "VLLM_CPU_KVCACHE_SPACE", "GiB", lo=1, hi=16, resolution=1, margin=0.5,
+    setting='lane_env = {{"{name}": "{value}"}}',
+)
 
 
 def _good(outcome: Outcome, required_tokens: int) -> bool:
@@ -499,10 +507,10 @@ def suggestion_text(result: Result, cluster: str, lane: str) -> str:
         reasons.append(_describe(knob, result.upper, by_value[result.upper]))
 
     if result.status in ("bracketed", "top_of_range"):
-        head = f"{knob.name} = {knob.format(result.value)}  # {where}: " + "; ".join(reasons)
+        head = f"{knob.setting_line(result.value)}  # {where}: " + "; ".join(reasons)
     elif result.status == "max_starts" and result.value is not None:
         head = (
-            f"{knob.name} = {knob.format(result.value)}  # {where}: not settled after "
+            f"{knob.setting_line(result.value)}  # {where}: not settled after "
             f"{result.starts} starts: " + "; ".join(reasons)
         )
     elif result.status == "stopped":

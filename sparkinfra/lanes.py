@@ -552,6 +552,7 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
         key: _fill(value, {"rank": str(rank), "fabric_ip": str(node.fabric_ip), "head_ip": head})
         for key, value in lane.env.items()
     }
+    env.update(config.lane_env)  # the cluster's own (e.g. a tuned VLLM_CPU_KVCACHE_SPACE)
     image = lane.image or config.image
 
     if lane.launch == "ray" and rank > 0:
@@ -642,10 +643,13 @@ def vllm_request(
     The request of ``sparkinfra/remote/vllm_check.py`` (``CHECK_SCRIPT``) for every rank of ``lane``
     on ``cluster``: ``image_flags`` are stripped, unless the check runs in the lane's image.
     """
+    launches = [launch(lane, cluster, node.rank, gmu) for node in cluster.nodes]
     return {
-        "ranks": [launch(lane, cluster, node.rank, gmu).serve_args for node in cluster.nodes],
+        "ranks": [each.serve_args for each in launches],
         "engine": engine,
         "strip": [] if in_image else list(lane.image_flags),
+        # vLLM reads some settings from the environment (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN)
+        "env": {k: v for k, v in launches[0].env.items() if k.startswith("VLLM_") and k != "VLLM_HOST_IP"},
     }
 
 

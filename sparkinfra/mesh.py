@@ -12,6 +12,8 @@ from .settings import Cluster
 
 MESH_KEY = "/root/.ssh/sparkinfra_fabric"
 MESH_KNOWN_HOSTS = "/root/.ssh/sparkinfra_known_hosts"
+MESH_CONFIG = "/root/.ssh/config"  # the head's entries sit in a marked block (files.block)
+MESH_CONFIG_MARKER = "# {mark} sparkinfra fabric mesh"
 HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
 
 

@@ -248,8 +248,13 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
     + key_host: the pyinfra host holding the key (read when this operation runs)
     + key_path: the public key file on ``key_host``
     + from_ip: the only source address the key is accepted from (the head's fabric IP)
+    + present: whether it must be authorized; ``False`` removes every line holding the key (found
+      by the key itself: run it before the key goes from ``key_host``)
     """
     pubkey = (key_host.get_fact(FileContents, path=key_path) or [""])[0].strip()
+    if not pubkey and not present:
+        host.noop(f"no key {key_path} on {key_host.name}: none of it to remove")
+        return
     if not pubkey:
         if _preparing():
             yield StringCommand("echo", f"the key {key_path} of {key_host.name} is generated first")
@@ -258,10 +263,15 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
         return
     home = host.get_fact(Home, user=user)
     line = f'from="{from_ip}" {pubkey}'
+    # grep/sed read a basic regex: the key's base64 '+' is literal there (re.escape's '\+' is not).
+    match = ".*" + re.sub(r"([\\.\[\]*^$])", r"\\\1", pubkey.split()[1]) + ".*"
+    if not present:  # nothing created on the way (no .ssh folder, no empty file)
+        yield from files.line._inner(path=f"{home}/.ssh/authorized_keys", line=match, present=False)
+        return
     yield from files.directory._inner(path=f"{home}/.ssh", user=user, group=user, mode="700")
     yield from files.line._inner(
         path=f"{home}/.ssh/authorized_keys",
-        line=f".*{re.escape(pubkey.split()[1])}.*",
+        line=match,
         replace=line,
         present=present,
     )
@@ -597,6 +607,26 @@ def other_lanes_stopped(lane: str):
     # A rank stopped mid-start may end "failed": stopped on purpose, it is just inactive.
     stale = sorted(set(others) | set(failed))
     yield StringCommand("systemctl", "reset-failed", *[serving.unit_name(o) for o in stale], "2>/dev/null", "||", "true")
+
+
+@operation()
+def lane_units_absent():
+    """
+    Ensure no lane's unit file is left in ``/etc/systemd/system`` (a full teardown); a unit still
+    running or enabled is stopped and disabled first. Reload systemd after it (``_if=`` its
+    ``did_change``).
+    """
+    units = host.get_fact(LaneUnits)
+    if not units:
+        host.noop("no lane unit is installed")
+        return
+    live = sorted(
+        name for name, state in units.items()
+        if state["active"] in ACTIVE_STATES or state["enabled"] == "enabled"
+    )
+    if live:
+        yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(n) for n in live])
+    yield StringCommand("rm", "-f", *[QuoteString(f"/etc/systemd/system/{serving.unit_name(n)}") for n in sorted(units)])
 
 
 @operation()

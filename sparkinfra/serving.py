@@ -20,6 +20,7 @@ LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
 LANE_CTL_SOURCE = Path(__file__).parent / "remote" / "lane_ctl.py"
 PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
+MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (its MARKS; lost at reboot)
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
 

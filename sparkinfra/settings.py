@@ -14,7 +14,7 @@ import traceback
 from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -32,8 +32,10 @@ class InventorySettingsError(PyinfraError):
     """Bad settings found while pyinfra loads the inventory (no host contacted yet)."""
 
 
-def _rule(key: str, message: str, host: str | None = None) -> PydanticCustomError:
-    return PydanticCustomError("settings", message, {"key": key, "host": host or ""})
+def _rule(key: str, message: str, host: str | None = None, source: str | None = None) -> PydanticCustomError:
+    """A broken rule about ``key``; ``source``: the key whose file (or ``--data``) the error names,
+    when not ``key``'s own (a rule one key breaks by being left unset)."""
+    return PydanticCustomError("settings", message, {"key": key, "host": host or "", "source": source or key})
 
 
 # The field reports' NCCL environment (seed 004); per-node values are added by prepare.
@@ -156,11 +158,62 @@ class HostSettings(BaseModel):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="This cluster's GMU for every lane; empty: the lane's own value."
     )
+    lane_env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        {}, description="Environment of every lane on this cluster, over the lane's own env (e.g. a tuned "
+        "VLLM_CPU_KVCACHE_SPACE)."
+    )
     lane_ready_timeout: int = Field(
         1800, ge=10, description="Seconds a (re)started lane may take to answer a completion."
     )
     lane_liveness_interval: int = Field(
         30, ge=5, description="Seconds between the head's one-token liveness completions."
+    )
+
+    # Benchmarks (deploys/bench.py), from the controller against the head's API
+    bench_probes: int = Field(5, ge=1, le=100, description="Probes per workload and thinking mode (seed 001).")
+    bench_max_tokens: int = Field(256, ge=1, description="Completion tokens per probe.")
+    bench_workloads: list[Literal["json", "code"]] = Field(
+        ["json", "code"], min_length=1, description="Probe workloads."
+    )
+    bench_thinking: list[bool] = Field(
+        [False, True], min_length=1, description="Thinking modes of the probes (chat_template_kwargs)."
+    )
+    bench_pp: list[Annotated[int, Field(ge=1)]] = Field([2048], description="llama-benchy prompt sizes; empty: no sweep.")
+    bench_tg: list[Annotated[int, Field(ge=1)]] = Field([32], min_length=1, description="llama-benchy generation sizes.")
+    bench_depth: list[Annotated[int, Field(ge=0)]] = Field(
+        [0, 4096, 8192, 16384, 32768], min_length=1, description="llama-benchy context depths."
+    )
+    bench_concurrency: list[Annotated[int, Field(ge=1)]] = Field(
+        [1, 2, 4], min_length=1, description="llama-benchy concurrent users."
+    )
+    bench_runs: int = Field(3, ge=1, description="llama-benchy runs per measurement.")
+    bench_book: str = Field(
+        "", description="Local text file llama-benchy draws prompts from (offline); empty: its default book."
+    )
+    bench_coherence: bool = Field(
+        True, description="llama-benchy's coherence check first (a real model must answer it)."
+    )
+    results_dir: str = Field("results", description="Controller folder of bench and tune results.")
+
+    # GMU bracketing (deploys/tune.py)
+    tune_knob: Literal["gpu_memory_utilization", "VLLM_CPU_KVCACHE_SPACE"] = Field(
+        "gpu_memory_utilization",
+        description="Knob to bracket: GMU (GPU), or the KV cache GiB of vLLM's CPU build.",
+    )
+    tune_start: float | None = Field(None, gt=0, description="First value tried; empty: the lane's value.")
+    tune_max: float | None = Field(
+        None, gt=0, description="Highest value tried; empty: 0.95 (GMU) or 16 GiB (CPU KV cache)."
+    )
+    tune_max_starts: int = Field(6, ge=1, le=20, description="Most lane starts one bracketing makes.")
+
+    # Teardown (deploys/teardown.py)
+    teardown: Literal["lanes", "full"] = Field(
+        "lanes",
+        description="What teardown removes: the lanes (units stopped, container removed), or also "
+        "everything else sparkinfra installed but images, model snapshots and the NCCL pin.",
+    )
+    teardown_confirm: str = Field(
+        "", description="The cluster's name, which teardown=full requires (a full teardown is confirmed)."
     )
 
     @model_validator(mode="after")
@@ -175,6 +228,20 @@ class HostSettings(BaseModel):
                     odd, other = other, odd
                 raise _rule(odd, f"port {port} is also {other}: the head binds both")
             seen[port] = key
+        return self
+
+    @model_validator(mode="after")
+    def _full_teardown_confirmed(self) -> "HostSettings":
+        # Refused before any connection: a full teardown takes the fabric and the mesh away.
+        if self.teardown == "full" and self.teardown_confirm != self.cluster:
+            got = f"got {self.teardown_confirm!r}" if self.teardown_confirm else "not set"
+            raise _rule(
+                "teardown_confirm",
+                f"teardown=full removes what sparkinfra installed on cluster {self.cluster}: "
+                f"confirm with teardown_confirm={self.cluster} ({got})",
+                # Left unset: name where the full teardown was asked for.
+                source="teardown_confirm" if "teardown_confirm" in self.model_fields_set else "teardown",
+            )
         return self
 
 
@@ -422,7 +489,8 @@ def load_settings(
             per_host[host.name] = HostSettings.model_validate(ours)
         except ValidationError as exc:
             key, _, message = _first_error(exc)
-            raise _error(sources.of(host, key), key, host.name, message) from None
+            source = (exc.errors()[0].get("ctx") or {}).get("source") or key
+            raise _error(sources.of(host, source), key, host.name, message) from None
         ssh_host = data.get("ssh_hostname") or host.name
         ssh_user = data.get("ssh_user") or "root"
         connection[host.name] = (str(ssh_host), str(ssh_user))

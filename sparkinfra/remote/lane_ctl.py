@@ -12,6 +12,13 @@ Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, ru
                                   (--local: this node only, no workers, no API request)
     lane_ctl.py wait-ready LANE   port open -> /health 200 -> a completion returns tokens
     lane_ctl.py warmup LANE       one throwaway request per workload shape, then mark the lane warm
+    lane_ctl.py trial LANE KNOB VALUE TIMEOUT
+                                  head: one start of the lane with KNOB (an env variable, or a --flag
+                                  of the command) set to VALUE on every rank, in trial containers, the
+                                  lane's units stopped; until rank 0 serves, a rank exits, or TIMEOUT
+                                  seconds; prints every rank's log, then removes the trial containers
+    lane_ctl.py trial-rank LANE KNOB VALUE
+                                  this rank's trial container, detached (the head runs it on workers)
 
 The rank's plan is ``/etc/sparkinfra/lanes/LANE.json`` (written by the deploy). Runtime marks live in
 ``/run/sparkinfra/lanes/`` (lost at reboot, as the lane is).
@@ -121,8 +128,8 @@ def completion(p: dict, max_tokens: int = 1, timeout: float = 60, **extra) -> tu
 # ----------
 
 
-def cmd_pre(lane: str) -> int:
-    p = plan(lane)
+def stop_other_lanes(lane: str, p: dict) -> None:
+    """Stop every other lane's units, here and on the workers."""
     others = other_lane_units(lane)
     if others:
         say(f"stopping other lanes here: {' '.join(others)}")
@@ -135,6 +142,11 @@ def cmd_pre(lane: str) -> int:
         if stale:
             say(f"stopping other lanes on {worker['ip']}: {' '.join(stale)}")
             on_worker(worker["ip"], "systemctl", "stop", *stale, timeout=300)
+
+
+def cmd_pre(lane: str) -> int:
+    p = plan(lane)
+    stop_other_lanes(lane, p)
     # All ranks start fresh together, the workers first: a lane never recovers rank by rank.
     for worker in p["workers"]:
         say(f"(re)starting rank {worker['rank']} on {worker['ip']}")
@@ -302,6 +314,112 @@ def warm(lane: str, p: dict) -> bool:
     return True
 
 
+# Trials (GMU bracketing)
+# -----------------------
+
+
+# vLLM's own words when the engine gives up (it takes a while to exit after them)
+FAILED_START = ("EngineCore failed to start", "Engine core initialization failed")
+
+
+def trial_name(p: dict) -> str:
+    return f"{p['container']}-trial"
+
+
+def trial_plan(lane: str, p: dict, knob: str, value: str) -> dict:
+    """
+    This rank's plan with ``knob`` set to ``value``: a ``--flag`` of the command (replaced, or
+    appended), or an environment variable (in a root-only copy of the lane's env file).
+    """
+    q = {**p, "container": trial_name(p), "command": list(p["command"]), "docker_options": list(p["docker_options"])}
+    if knob.startswith("--"):
+        cmd = q["command"]
+        for i, arg in enumerate(cmd):
+            if arg == knob and i + 1 < len(cmd):
+                cmd[i + 1] = value
+                break
+            if arg.startswith(knob + "="):
+                cmd[i] = f"{knob}={value}"
+                break
+        else:
+            cmd += [knob, value]
+        return q
+    source = PLANS / f"{lane}.env"
+    lines = [line for line in source.read_text().splitlines() if not line.startswith(f"{knob}=")]
+    MARKS.mkdir(parents=True, exist_ok=True)
+    env_file = MARKS / f"{lane}.trial.env"
+    env_file.touch(mode=0o600)
+    env_file.write_text("\n".join([*lines, f"{knob}={value}"]) + "\n")
+    opts = q["docker_options"]
+    opts[opts.index(str(source))] = str(env_file)
+    return q
+
+
+def cmd_trial_rank(lane: str, knob: str, value: str) -> int:
+    q = trial_plan(lane, plan(lane), knob, value)
+    sh("docker", "rm", "-f", q["container"])
+    started = sh("docker", "run", "-d", "--name", q["container"], *q["docker_options"], q["image"], *q["command"])
+    if started.returncode != 0:
+        say(f"trial container did not start: {started.stderr.strip()}")
+    return started.returncode
+
+
+def running(container: str, ip: str | None = None) -> bool:
+    args = ("docker", "inspect", "-f", "{{.State.Running}}", container)
+    out = on_worker(ip, *args) if ip else sh(*args)
+    return out.stdout.strip() == "true"
+
+
+def cmd_trial(lane: str, knob: str, value: str, timeout: float) -> int:
+    """One start with the knob at ``value``; prints each rank's log under a ``=== rank N`` line."""
+    p = plan(lane)
+    name = trial_name(p)
+    sh("systemctl", "stop", UNIT.format(lane), timeout=300)  # its ExecStopPost stops the workers
+    stop_other_lanes(lane, p)
+    for worker in p["workers"]:
+        on_worker(worker["ip"], "systemctl", "stop", UNIT.format(lane), timeout=300)
+    began, verdict = time.monotonic(), "timeout"
+    try:
+        for worker in p["workers"]:
+            out = on_worker(worker["ip"], "python3", str(Path(__file__).resolve()), "trial-rank", lane, knob, value,
+                            timeout=120)
+            if out.returncode != 0:
+                say(f"rank {worker['rank']} on {worker['ip']}: {out.stderr.strip()}")
+                return 1
+        if cmd_trial_rank(lane, knob, value) != 0:
+            return 1
+        while time.monotonic() - began < timeout:
+            time.sleep(2)
+            logs = sh("docker", "logs", name)
+            text = logs.stdout + logs.stderr
+            if "Application startup complete" in text:
+                verdict = "serving"
+                break
+            if any(mark in text for mark in FAILED_START):
+                verdict = "rank 0 failed to start"
+                time.sleep(3)  # the others log why they stop too
+                break
+            exited = ["rank 0"] if not running(name) else []
+            exited += [f"rank {w['rank']}" for w in p["workers"] if not running(name, w["ip"])]
+            if exited:
+                verdict = f"{', '.join(exited)} exited"
+                time.sleep(3)  # the others log why they stop too
+                break
+        print(f"=== trial {knob}={value}: {verdict} after {time.monotonic() - began:.0f}s", flush=True)
+        ranks = [(0, None)] + [(w["rank"], w["ip"]) for w in p["workers"]]
+        for rank, ip in ranks:
+            logs = on_worker(ip, "docker", "logs", name) if ip else sh("docker", "logs", name)
+            print(f"=== rank {rank}" + (f" ({ip})" if ip else " (head)"), flush=True)
+            print(logs.stdout + logs.stderr, flush=True)
+        return 0
+    finally:
+        sh("docker", "rm", "-f", name, timeout=120)
+        for worker in p["workers"]:
+            on_worker(worker["ip"], "docker", "rm", "-f", name, timeout=120)
+            on_worker(worker["ip"], "rm", "-f", str(MARKS / f"{lane}.trial.env"))
+        (MARKS / f"{lane}.trial.env").unlink(missing_ok=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -319,6 +437,10 @@ def main(argv: list[str]) -> int:
         return cmd_wait_ready(lane, float(argv[2]) if len(argv) > 2 else 1800)
     if command == "warmup":
         return cmd_warmup(lane)
+    if command == "trial" and len(argv) == 5:
+        return cmd_trial(lane, argv[2], argv[3], float(argv[4]))
+    if command == "trial-rank" and len(argv) == 4:
+        return cmd_trial_rank(lane, argv[2], argv[3])
     print(__doc__, file=sys.stderr)
     return 2
 

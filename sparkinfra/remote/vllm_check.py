@@ -21,6 +21,7 @@ import importlib
 import inspect
 import io
 import json
+import os
 import re
 import sys
 
@@ -182,6 +183,8 @@ def run(requests):
     for request in requests:
         result = {"ok": True, "vllm": checker.version, "rank": None, "error": None, "stripped": []}
         removed = set()
+        saved = {key: os.environ.get(key) for key in request.get("env", {})}
+        os.environ.update(request.get("env", {}))  # the lane's VLLM_* settings, as its container has them
         for rank, args in enumerate(request.get("ranks", [])):
             if not args:
                 continue
@@ -191,6 +194,11 @@ def run(requests):
             if error:
                 result.update(ok=False, rank=rank, error=error)
                 break
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         result["stripped"] = sorted(removed)
         results.append(result)
     return results

@@ -263,7 +263,12 @@ def test_teardown_then_converge_serves_again_moving_no_image_or_weights(serving)
         assert _active(bed, node, "sim") == "inactive"
         assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
         assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
-    again = bed.converge(INV, "deploys/teardown.py")
+    _teardown_again_then_serve(bed)
+
+
+def _teardown_again_then_serve(bed, *data):
+    """A second teardown changes nothing; a serve after it moves neither image nor weights."""
+    again = bed.converge(INV, "deploys/teardown.py", *data)
     assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
     before = bed.fabric_rx("spark-2")
     bed.converge(INV, "deploys/serve.py")
@@ -313,3 +318,61 @@ def test_secrets_never_leak(serving):
     mode = bed.node("spark-1", "stat -c '%a %U' /etc/sparkinfra/lanes/sim.secret.env").stdout.split()
     assert mode == ["600", "root"], mode
     assert bed.node("spark-1", "ls /run/sparkinfra/ | grep -c hf_token || true").stdout.strip() == "0"
+
+
+FULL = ("teardown=full", "teardown_confirm=sim")  # group_data/sim.py: cluster = "sim"
+SNAPSHOT = "/var/lib/sparkinfra/hf/models--sparkbed--tiny-llama"
+FULLY_GONE = (  # what a full teardown removes from every node
+    "/etc/sparkinfra/nccl.env",
+    "/etc/sparkinfra/lanes",
+    "/usr/local/lib/sparkinfra/lane_ctl.py",
+    "/run/sparkinfra/lanes",
+    "/var/lib/sparkinfra/lanes",
+    "/etc/netplan/60-sparkinfra-fabric.yaml",
+    "/root/.ssh/sparkinfra_fabric",
+    "/root/.ssh/sparkinfra_fabric.pub",
+    "/root/.ssh/sparkinfra_known_hosts",
+)
+KEPT = (  # what it leaves: weights (and their manifest), the NCCL pin, the lock's folder
+    f"{SNAPSHOT}/snapshots/7161ee11a3a0de1ce0000000000000000000c0de",
+    f"{SNAPSHOT}/.sparkinfra-manifest.json",
+    "/opt/nccl/lib/libnccl.so.2",
+    "/run/sparkinfra",
+)
+
+
+def test_full_teardown_then_serve_moves_nothing(serving):
+    bed, _, _ = serving
+    # Unconfirmed: refused while the inventory loads, before any host is touched; the lane still serves.
+    before = _host_state(bed)
+    refused = bed.converge(INV, "deploys/teardown.py", "teardown=full", check=False)
+    out = refused.stderr + str(refused.results)
+    assert refused.returncode != 0, out[-2000:]
+    assert "key 'teardown_confirm'" in out and "confirm with teardown_confirm=sim" in out, out[-2000:]
+    assert not refused.changed_hosts(), refused.changed
+    assert _host_state(bed) == before, "an unconfirmed full teardown changed the hosts"
+    _assert_serving(bed)
+
+    down = bed.converge(INV, "deploys/teardown.py", *FULL)
+    assert down.changed["spark-1"] and down.changed["spark-2"]
+    assert any("systemd has forgotten the removed units" in op for op in down.changed["spark-1"]), down.changed
+    for node in ("spark-1", "spark-2"):
+        assert _active(bed, node, "sim") != "active"
+        assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
+        units = bed.node(node, "find /etc/systemd/system -name 'sparkinfra-*'").stdout.split()
+        assert not units, f"{node}: unit files left: {units}"
+        left = [p for p in FULLY_GONE if bed.node(node, f"test -e {p}", check=False).returncode == 0]
+        assert not left, f"{node}: a full teardown left {left}"
+        addresses = bed.node(node, "ip -4 -o addr show dev enp1s0f0np0").stdout
+        assert "10.213.1." not in addresses, f"{node}: the fabric address is left: {addresses}"
+        assert bed.node(node, "cat /sys/class/net/enp1s0f0np0/mtu").stdout.strip() == "4200"  # the MTU stays
+        keys = bed.node(node, "grep -rls 'sparkinfra-fabric@sim' /home /root/.ssh", check=False).stdout.split()
+        assert not keys, f"{node}: the head's fabric key is still authorized in {keys}"
+        missing = [p for p in KEPT if bed.node(node, f"test -e {p}", check=False).returncode != 0]
+        assert not missing, f"{node}: a full teardown removed {missing}"
+        assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
+    assert "sparkinfra fabric mesh" not in bed.node("spark-1", "cat /root/.ssh/config", check=False).stdout
+
+    _teardown_again_then_serve(bed, *FULL)
+    served = bed.converge(INV, "deploys/serve.py")
+    assert served.changes == {"spark-1": 0, "spark-2": 0}, served.changed

@@ -311,3 +311,71 @@ def test_compare_cli(tmp_path, capsys):
     done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "compare", str(a), str(a)],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert done.returncode == 0 and "## Meta\n\n(same)" in done.stdout
+
+
+# A run from deploys/bench.py: what it takes from the head, and llama-benchy's book
+# ---------------------------------------------------------------------------------
+
+
+def test_tokenizer_names_never_take_weights():
+    files = {
+        "config.json": 700, "generation_config.json": 120, "tokenizer.json": 2_100_000, "tokenizer_config.json": 3_000,
+        "special_tokens_map.json": 400, "chat_template.jinja": 900, "merges.txt": 450_000, "vocab.json": 800_000,
+        "model-00001-of-00002.safetensors": 5 << 30, "model.safetensors.index.json": 60_000, "README.md": 9_000,
+        "tokenizer.model": 500_000, ".sparkinfra-manifest.json": 4_000,
+    }
+    assert bench.tokenizer_names(files) == [
+        "chat_template.jinja", "config.json", "generation_config.json", "merges.txt", "special_tokens_map.json",
+        "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json",
+    ]
+
+
+def test_seed_book_places_the_file_where_llama_benchy_caches_its_url(tmp_path, monkeypatch):
+    import hashlib
+
+    from llama_benchy.corpus import TokenizedCorpus
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    book = tmp_path / "book.txt"
+    book.write_text("It was a dark and stormy night. " * 50)
+    url = bench.seed_book(str(book))
+    assert url == book.resolve().as_uri()
+    cached = tmp_path / "home" / ".cache" / "llama-benchy" / f"{hashlib.md5(url.encode()).hexdigest()}.txt"
+    assert cached.read_text() == book.read_text()
+    # llama-benchy itself finds it there (no download): its own loader, with a stand-in tokenizer.
+    corpus = TokenizedCorpus.__new__(TokenizedCorpus)
+    corpus.book_url = url
+    corpus.tokenizer = type("T", (), {"encode": staticmethod(lambda text, add_special_tokens=False: text.split())})
+    assert corpus._load_data()[:4] == ["It", "was", "a", "dark"]
+    book.write_text("changed")
+    bench.seed_book(str(book))
+    assert cached.read_text() == "changed"
+    assert bench.seed_book("") is None
+    with pytest.raises(bench.BenchError, match="bench_book .*missing.txt: no such file"):
+        bench.seed_book(str(tmp_path / "missing.txt"))
+
+
+def test_fetch_tokenizer_copies_once_by_size(tmp_path):
+    copied = []
+
+    class Head:
+        name = "spark-1"
+
+        def get_file(self, remote, local, _sudo=False):
+            copied.append(remote)
+            Path(local).write_text("x" * 5)
+            return True
+
+    job = bench.Job(
+        base_url="http://h:8000", served_model="tiny", api_key_env="", snapshot="/hf/snap",
+        tokenizer_files={"tokenizer.json": 5, "config.json": 5}, probes=1, max_tokens=8, workloads=["json"],
+        thinking=[False], pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="", coherence=False,
+        results_dir=str(tmp_path), meta=bench.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
+    )
+    folder = bench.fetch_tokenizer(Head(), job, cache=tmp_path / "cache")
+    assert folder == tmp_path / "cache" / "org--m@abc"
+    assert sorted(copied) == ["/hf/snap/config.json", "/hf/snap/tokenizer.json"]
+    bench.fetch_tokenizer(Head(), job, cache=tmp_path / "cache")
+    assert len(copied) == 2  # same sizes: nothing copied again
+    with pytest.raises(bench.BenchError, match="holds no tokenizer files"):
+        bench.fetch_tokenizer(Head(), dataclasses.replace(job, tokenizer_files={}), cache=tmp_path / "cache")

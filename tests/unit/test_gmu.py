@@ -360,14 +360,15 @@ def test_cpu_kv_knob_brackets_the_edge():
     assert node.starts == [1, 64, 17, 18]
     assert result.status == "bracketed" and result.value == 17 and result.upper == 18
     text = suggestion_text(result, "sim", "tiny")
-    assert text.startswith("VLLM_CPU_KVCACHE_SPACE = 17  # cluster sim, lane tiny: 17 boots with a 35,651,584-token KV pool")
+    assert text.startswith('lane_env = {"VLLM_CPU_KVCACHE_SPACE": "17"}  # cluster sim, lane tiny: 17 boots with a 35,651,584-token KV pool')
 
 
 def test_cpu_kv_knob_top_of_allowed_range():
     node = CpuNode()
     result = bracket(CPU_KV_SPACE, 1, node, node.max_len)
     assert node.starts == [1, CPU_KV_SPACE.hi] and result.status == "top_of_range" and result.value == 16
-    assert suggestion_text(result, "sim", "tiny").startswith("VLLM_CPU_KVCACHE_SPACE = 16  # cluster sim, lane tiny:")
+    assert suggestion_text(result, "sim", "tiny").startswith(
+        'lane_env = {"VLLM_CPU_KVCACHE_SPACE": "16"}  # cluster sim, lane tiny:')
 
 
 def test_cpu_kv_knob_too_small_for_the_length():

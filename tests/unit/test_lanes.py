@@ -202,7 +202,7 @@ def vllm_results(cluster_of, vllm_env, vllm_cache) -> dict[str, dict]:
 def test_the_shipped_lanes():
     assert SHIPPED == sorted([
         "pair-a-balanced", "pair-b-context", "pair-c-speed", "quad-nvfp4", "quad-awq-eagle3", "oct-awq-eagle3",
-        "sim", "sim-b",
+        "sim", "sim-b", "sim-long",
     ])
 
 

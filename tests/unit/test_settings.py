@@ -26,7 +26,7 @@ from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 from pyinfra_cli.util import parse_cli_arg
 
-from sparkinfra.settings import InventorySettingsError, SettingsError, Settings, load_settings
+from sparkinfra.settings import CLUSTER_KEYS, InventorySettingsError, SettingsError, Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -225,6 +225,22 @@ BAD = [
     Bad("cluster-key-differs/group_data-group",
         proj({"group_data/gpu.py": "rdma_port = 2\n"}, inventory=inv(two(), extra='gpu = ["n1"]\n')),
         "group_data/gpu.py", "rdma_port", "n1", "2 differs from 1 on n0"),
+    # A full teardown is confirmed with the cluster's name; unset, the error names where it was asked.
+    Bad("teardown-full-unconfirmed/--data", proj(), DATA, "teardown_confirm", "n0",
+        "teardown=full removes what sparkinfra installed on cluster lab: confirm with teardown_confirm=lab (not set)",
+        ("teardown=full",)),
+    Bad("teardown-full-unconfirmed/group_data-group", proj({GLAB: LAB_GROUP + 'teardown = "full"\n'}),
+        GLAB, "teardown_confirm", "n0", "confirm with teardown_confirm=lab (not set)"),
+    Bad("teardown-full-wrong-cluster/--data", proj(), DATA, "teardown_confirm", "n0",
+        "confirm with teardown_confirm=lab (got 'pair')", ("teardown=full", "teardown_confirm=pair")),
+    Bad("teardown-full-wrong-cluster/group_data-group-over-data",
+        proj({GLAB: LAB_GROUP + 'teardown_confirm = "pair"\n'}), GLAB, "teardown_confirm", "n0",
+        "(got 'pair')", ("teardown=full",)),
+    Bad("teardown-unknown/--data", proj(), DATA, "teardown", "n0", "'lanes' or 'full' (got 'all')",
+        ("teardown=all",)),
+    Bad("teardown-differs/inventory-host",
+        proj(inventory=inv(two(n1={"teardown": "full", "teardown_confirm": "lab"}))),
+        INV, "teardown", "n1", "'full' differs from 'lanes' on n0: every node of cluster lab must agree"),
 ]
 
 
@@ -348,6 +364,29 @@ def test_good_settings_two_clusters_in_one_inventory(project):
     assert settings.clusters["b"].head.name == "b0"
     assert settings.clusters["b"].workers == ()
     assert settings.clusters["b"].fabric.mtu == 4200
+
+
+def test_teardown_is_lanes_by_default_and_cluster_wide(project):
+    config = project(proj()).clusters["lab"].config
+    assert (config.teardown, config.teardown_confirm) == ("lanes", "")
+    assert {"teardown", "teardown_confirm"} <= set(CLUSTER_KEYS)
+
+
+@pytest.mark.parametrize(
+    "files, data, teardown",
+    [
+        pytest.param(proj(), ("teardown=full", "teardown_confirm=lab"), "full", id="--data"),
+        pytest.param(proj({GLAB: LAB_GROUP + 'teardown = "full"\nteardown_confirm = "lab"\n'}), (), "full",
+                     id="group_data"),
+        pytest.param(proj({GLAB: LAB_GROUP + 'teardown_confirm = "lab"\n'}), ("teardown=full",), "full",
+                     id="group_data-confirms---data"),
+        # A confirmation left in place asks for nothing by itself.
+        pytest.param(proj({GLAB: LAB_GROUP + 'teardown_confirm = "lab"\n'}), (), "lanes", id="confirm-alone"),
+    ],
+)
+def test_full_teardown_confirmed_with_the_cluster_name_is_accepted(project, files, data, teardown):
+    config = project(files, data).clusters["lab"].config
+    assert (config.teardown, config.teardown_confirm) == (teardown, "lab")
 
 
 def test_seeds_pair(monkeypatch):
@@ -479,6 +518,7 @@ CLI_BAD = [
     pytest.param({GLAB: LAB_GROUP + "fabric_mtuu = 9000\n"}, {}, (), GLAB, "fabric_mtuu", id="group_data-group"),
     pytest.param({GALL: "rdma_devices = 5\n"}, {}, (), GALL, "rdma_devices", id="group_data-all"),
     pytest.param({}, {"rank": 0}, (), INV, "rank", id="inventory-host"),
+    pytest.param({}, {}, ("--data", "teardown=full"), DATA, "teardown_confirm", id="--data-full-teardown-unconfirmed"),
 ]
 
 

@@ -64,7 +64,7 @@ def test_container_has_the_nodes_env_and_pin(node):
     assert env["VLLM_HOST_IP"] == str(node.node.fabric_ip)
     mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
     assert mounts.get(config.nccl_library) == config.nccl_library, f"{node}: the pinned NCCL is not mounted: {mounts}"
-    for key, value in lane.env.items():
+    for key, value in {**lane.env, **config.lane_env}.items():  # the cluster's lane_env wins
         if "{" not in value:
             assert env.get(key) == value, f"{node}: lane env {key}={value!r}, container has {env.get(key)!r}"
 

@@ -1,0 +1,30 @@
+"""
+Benchmark the cluster's serving lane, from the controller against rank 0's API (with the API key):
+the seeds' probes after a warm-up, then a llama-benchy sweep with the staged snapshot's tokenizer,
+offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.md, PNG plots).
+
+    pyinfra inventory/pair.py deploys/bench.py
+    python -m sparkinfra.bench compare results/<cluster>/<lane>/<A> results/<cluster>/<lane>/<B>
+"""
+
+from pyinfra import host, inventory, state
+from pyinfra.operations import python
+
+from sparkinfra import bench, lock, operations, settings
+
+lock.hold(state, inventory, settings.current())  # one converge at a time
+cluster = settings.current().cluster_of(host.name)
+
+if host.name == cluster.head.name:
+    job = bench.job_for(host, cluster)  # refuses a lane that is not serving its current plan
+
+    operations.lane_warm(
+        name=f"Lane {job.meta.lane} is warm (one request per workload shape)",
+        lane=job.meta.lane,
+        digest=job.meta.extra["plan"],
+    )
+    python.call(
+        name=f"Lane {job.meta.lane} is benchmarked from the controller into {bench.run_dir(job.results_dir, job.meta)}",
+        function=bench.run_from_deploy,
+        job=job,
+    )

@@ -1,0 +1,26 @@
+"""
+Bracket the lane's memory knob: the highest value that boots with a KV pool of the lane's
+max_model_len, found in a few starts that jump by the GiB vLLM reports (not blind halving).
+Prints a per-cluster setting with its evidence lines (also in results/<cluster>/<lane>/tune-<time>/).
+The lane is placed but not started first; if it was serving, it serves again afterwards.
+
+    pyinfra inventory/pair.py deploys/tune.py                      # gpu_memory_utilization, from the lane's
+    pyinfra inventory/sim.py deploys/tune.py --data tune_knob=VLLM_CPU_KVCACHE_SPACE --data tune_max=4
+"""
+
+from pyinfra import host, local
+from pyinfra.operations import python
+
+from sparkinfra import settings, tune
+
+local.include("deploys/lane.py", data={"lane_start": False})  # plans, env files, units; validated
+cluster = settings.current().cluster_of(host.name)
+
+if host.name == cluster.head.name:
+    job = tune.job_for(host, cluster)
+    python.call(
+        name=f"{job.knob.name} of lane {job.lane} is bracketed from {job.knob.format(job.start)} "
+        f"(KV pool >= {job.required_tokens:,} tokens)",
+        function=tune.run_from_deploy,
+        job=job,
+    )

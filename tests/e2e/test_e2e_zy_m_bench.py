@@ -1,0 +1,147 @@
+"""
+deploys/bench.py and deploys/tune.py on the simulated pair, for real: the seeds' probes and a
+llama-benchy sweep against the sim lane's API (tiny Llama, vLLM CPU, TP=2), filed as JSON, a
+markdown table and PNG plots; then the KV knob of vLLM's CPU build bracketed from a deliberately
+bad start (lane sim-long: 1 GiB for a 5M-token context), and the suggested setting served.
+"""
+
+import json
+import re
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkinfra import bed as simbed
+
+INV = "inventory/sim.py"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return tmp_path_factory.mktemp("results")
+
+
+@pytest.fixture(scope="module")
+def serving(bed):
+    bed.ensure(2)
+    bed.converge(INV, "deploys/serve.py")
+    return bed
+
+
+def _bench(bed, results, *data, check=True):
+    args = [str(BIN / "pyinfra"), "-y", INV, "deploys/bench.py", "--data", f"results_dir={results}"]
+    for item in data:
+        args += ["--data", item]
+    out = bed.controller(*args)
+    if check:
+        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    return out
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def _runs(results) -> list[Path]:
+    return sorted(p for p in (Path(results) / "sim" / "sim").iterdir() if p.is_dir())
+
+
+def test_bench_files_json_table_and_plots(serving, results):
+    out = _bench(serving, results)
+    text = out.stdout + out.stderr
+    assert "warm-up: 4 requests" in text, text[-3000:]
+    [run] = _runs(results)
+    data = json.loads((run / "results.json").read_text())
+    meta = data["meta"]
+    assert meta["lane"] == "sim" and meta["cluster"] == "sim"
+    assert meta["image_id"].startswith("sha256:") and meta["nccl_version"] == "2.30.7"
+    assert meta["model_revision"] == simbed.SIM_REVISION and meta["gmu"] == 0.9
+    probes = [p for p in data["probes"] if not p.get("warmup")]
+    assert len(probes) == 2 * 2 * 2  # json/code x thinking off/on x bench_probes
+    assert all(p["completion_tokens"] > 0 and p["decode_tps"] > 0 for p in probes), probes
+    sweep = data["sweep"]
+    assert {(r["depth"], r["concurrency"]) for r in sweep} == {(d, c) for d in (0, 128, 256) for c in (1, 2)}
+    assert all(r["tg_tps"] and r["tg_tps"] > 0 for r in sweep), sweep
+    assert data["benchy_raw"]["benchmarks"]
+    table = (run / "results.md").read_text()
+    assert "## Probes" in table and "| JSON |" in table and "## Depth sweep: pp64 / tg16, 2 users" in table
+    assert "## Users: pp64 / tg16" in table
+    for name in ("decode_vs_depth.png", "users.png"):
+        width, height = _png_size(run / name)
+        assert width >= 600 and height >= 400, (name, width, height)
+    log = (run / "benchy.log").read_text()
+    assert "Falling back" not in log and "Downloading" not in log, log  # snapshot tokenizer, seeded book
+    key = simbed.controller_env()[simbed.API_KEY_ENV]
+    leaks = [str(p) for p in run.iterdir() if key in p.read_text(errors="replace")]
+    assert key not in text and not leaks, leaks
+
+
+def test_two_runs_compare(serving, results):
+    _bench(serving, results, "bench_depth=[0, 128]", "bench_concurrency=[1]")
+    a, b = _runs(results)
+    out = serving.controller(str(BIN / "python"), "-m", "sparkinfra.bench", "compare", str(a), str(b))
+    assert out.returncode == 0, out.stderr
+    assert "## Probes (decode tok/s, mean)" in out.stdout and "## Sweep (llama-benchy)" in out.stdout, out.stdout
+    assert re.search(r"Only in A: .*\(c2\)", out.stdout), out.stdout  # B ran 1 user only
+    assert "pp64/tg16 @ d0 (c1)" in out.stdout
+
+
+def test_bench_refuses_a_lane_that_is_not_serving(serving, results):
+    bed = serving
+    bed.node("spark-1", "systemctl stop sparkinfra-lane-sim.service")
+    before = len(_runs(results))
+    out = _bench(bed, results, check=False)
+    assert out.returncode != 0
+    assert "lane sim is not serving its current plan" in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+    assert "run deploys/serve.py first" in out.stdout + out.stderr
+    assert bed.node("spark-1", "systemctl is-active sparkinfra-lane-sim.service", check=False).stdout.strip() != "active"
+    assert len(_runs(results)) == before
+    run = bed.converge(INV, "deploys/serve.py")
+    assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
+    verify = bed.verify(INV, "-k", "lane")
+    assert verify.returncode == 0, verify.output[-3000:]
+
+
+def test_tune_brackets_the_cpu_kv_cache_from_a_bad_start(serving, results):
+    bed = serving
+    args = [str(BIN / "pyinfra"), "-y", INV, "deploys/tune.py", "--data", "lane=sim-long",
+            "--data", f"results_dir={results}"]
+    out = bed.controller(*args, timeout=1800)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-5000:]
+    starts = re.findall(r"start (\d+): VLLM_CPU_KVCACHE_SPACE=(\d+): (\w+)", text)
+    assert starts and starts[0][1:] == ("1", "too_low"), starts  # lane sim-long's deliberately bad start
+    assert len(starts) <= 4 and starts[-1][2] == "ok", starts
+    [folder] = (Path(results) / "sim" / "sim-long").glob("tune-*")
+    suggestion = (folder / "suggestion.txt").read_text()
+    line = suggestion.splitlines()[0]
+    m = re.match(r'lane_env = \{"VLLM_CPU_KVCACHE_SPACE": "(\d+)"\}  # cluster sim, lane sim-long: (\d+) boots', line)
+    assert m and int(m[1]) >= 3, suggestion  # 5M tokens x 512 B per rank need 2.4 GiB
+    assert "To serve at least one request" in (folder / "start-1-1.log").read_text()
+    assert "# evidence:" in suggestion and "Application startup complete" in suggestion
+    # No trial container or env file is left on any node; sim-long is placed, not running.
+    for node in ("spark-1", "spark-2"):
+        left = bed.node(node, "docker ps -a --format '{{.Names}}'; ls /run/sparkinfra/lanes/").stdout
+        assert "trial" not in left, (node, left)
+    test_tune_brackets_the_cpu_kv_cache_from_a_bad_start.suggested = m[1]
+
+
+def test_the_suggested_setting_serves(serving):
+    bed = serving
+    value = getattr(test_tune_brackets_the_cpu_kv_cache_from_a_bad_start, "suggested", None)
+    if value is None:
+        pytest.skip("the bracketing did not run")
+    data = ("lane=sim-long", f'lane_env={{"VLLM_CPU_KVCACHE_SPACE": "{value}"}}')
+    first = bed.converge(INV, "deploys/serve.py", *data)
+    assert any("serves on every node" in op for op in first.changed["spark-1"]), first.changed
+    again = bed.converge(INV, "deploys/serve.py", *data)
+    assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
+    env = bed.node("spark-2", "docker inspect -f '{{range .Config.Env}}{{println .}}{{end}}' vllm_node").stdout
+    assert f"VLLM_CPU_KVCACHE_SPACE={value}" in env.splitlines(), env
+    verify = bed.verify(INV, "-k", "lane", *(f"--data={d}" for d in data))
+    assert verify.returncode == 0, verify.output[-3000:]

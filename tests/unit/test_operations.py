@@ -1,0 +1,138 @@
+"""
+Operations against recorded facts, as pyinfra's own operation tests run them: a fixture
+(``fixtures/operations/<operation>/<case>.json``) gives the operation's arguments and every fact it
+reads (``{"fact", "args", "value"}``; a fact read that the fixture lacks fails the case) and holds
+the commands it must yield, or, when it yields none, the noop it must report. No host is contacted.
+
+A fixture's ``key_host`` (an argument naming another pyinfra host) is ``{"name", "facts"}``;
+``stage`` is ``"prepare"`` for pyinfra's change-detection pass (default: ``"execute"``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api import StringCommand
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+
+from sparkinfra import operations
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "operations"
+CASES = sorted(f"{p.parent.name}/{p.stem}" for p in FIXTURES.glob("*/*.json"))
+
+
+class FakeHost:
+    """What an operation uses of a pyinfra host: its name, facts, noop and the run's stage."""
+
+    def __init__(self, name: str, facts: list[dict], stage: str = "execute") -> None:
+        self.name = name
+        self.facts = facts
+        self.noops: list[str] = []
+        current = StateStage.Execute if stage == "execute" else StateStage.Prepare
+        self.state = SimpleNamespace(current_stage=current)
+
+    def get_fact(self, fact, *args, **kwargs):
+        assert not args, f"{fact.__name__}: positional arguments {args}"
+        for entry in self.facts:
+            if entry["fact"] == fact.__name__ and entry.get("args", {}) == kwargs:
+                return entry["value"]
+        raise AssertionError(f"{self.name}: the fixture lacks the fact {fact.__name__} {kwargs}")
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+
+def rendered(command) -> str:
+    return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+
+
+def run_operation(name: str, kwargs: dict, facts: list[dict], stage: str = "execute", host_class=FakeHost):
+    """(commands, noops) of ``sparkinfra.operations.<name>`` on a fake host holding ``facts``."""
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("key_host"), dict):
+        kwargs["key_host"] = FakeHost(kwargs["key_host"]["name"], kwargs["key_host"]["facts"], stage)
+    host = host_class("node", facts, stage)
+    with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
+        commands = [rendered(c) for c in getattr(operations, name)._inner(**kwargs)]
+    return commands, host.noops
+
+
+@pytest.fixture(autouse=True)
+def fixed_timestamp(monkeypatch):
+    """sed's backup suffix is a timestamp: fixed, so fixtures can hold the command."""
+    import pyinfra.operations.util.files as util_files
+
+    monkeypatch.setattr(util_files, "get_timestamp", lambda: "TS")
+
+
+def test_every_fixture_names_an_operation():
+    assert CASES
+    for case in CASES:
+        assert hasattr(getattr(operations, case.split("/")[0], None), "_inner"), case
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_operation_fixture(case):
+    fixture = json.loads((FIXTURES / f"{case}.json").read_text(encoding="utf-8"))
+    commands, noops = run_operation(
+        case.split("/")[0], fixture["kwargs"], fixture.get("facts", []), fixture.get("stage", "execute")
+    )
+    assert commands == fixture["commands"], f"{fixture['doc']}: commands"
+    if not fixture["commands"]:  # (what an operation's inner steps report is theirs)
+        assert fixture["noop"] in noops, f"{fixture['doc']}: noop"
+
+
+# The removal's command, run: it takes the key's lines (a '+' in the key's base64 is a literal
+# character to grep and sed) and leaves every other line.
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIF+q3Xw/k8s+Zp0Rb1e2YhT5d9mNf4LgVv7Q2uWzH1c/ sparkinfra-fabric@sim"
+OTHER = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb7oR0p5cQpM1xq2cY6Zk3d8Jt0nW4aS9uV1eL2fG3h admin@laptop"
+
+
+class LocalFiles(FakeHost):
+    """Reads ``FindInFile`` from this machine's files, with grep as pyinfra's fact does."""
+
+    def get_fact(self, fact, *args, **kwargs):
+        if fact.__name__ != "FindInFile":
+            return super().get_fact(fact, *args, **kwargs)
+        assert not kwargs["interpolate_variables"] and not kwargs["extended_regex"], kwargs
+        if not Path(kwargs["path"]).is_file():
+            return None
+        grep = subprocess.run(["grep", "-e", kwargs["pattern"], kwargs["path"]], capture_output=True, text=True)
+        return grep.stdout.splitlines()
+
+
+def key_removed(home: Path, present: bool = False) -> tuple[list[str], list[str]]:
+    kwargs = {
+        "user": "spark2",
+        "key_host": {"name": "head", "facts": [
+            {"fact": "FileContents", "args": {"path": "/root/.ssh/sparkinfra_fabric.pub"}, "value": [KEY]},
+        ]},
+        "key_path": "/root/.ssh/sparkinfra_fabric.pub",
+        "from_ip": "10.213.1.1",
+        "present": present,
+    }
+    facts = [{"fact": "Home", "args": {"user": "spark2"}, "value": str(home)}]
+    return run_operation("ssh_key_authorized", kwargs, facts, host_class=LocalFiles)
+
+
+def test_removing_the_heads_key_runs_and_keeps_other_keys(tmp_path):
+    keys = tmp_path / ".ssh" / "authorized_keys"
+    keys.parent.mkdir()
+    keys.write_text(f"{OTHER}\nfrom=\"10.213.1.1\" {KEY}\n{KEY}\n")
+    commands, _ = key_removed(tmp_path)
+    assert len(commands) == 1 and commands[0].startswith("sed "), commands
+    subprocess.run(["sh", "-c", commands[0]], check=True)
+    assert keys.read_text() == f"{OTHER}\n"
+    assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]  # no sed backup left
+    assert key_removed(tmp_path)[0] == []  # again: nothing to do
+
+
+def test_removing_the_heads_key_creates_nothing(tmp_path):
+    assert key_removed(tmp_path)[0] == []
+    assert list(tmp_path.iterdir()) == []
