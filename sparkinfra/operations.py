@@ -510,9 +510,7 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
         def upload_token(state, host):
             # The folder is root-only (0700) before the token is in it.
             host.run_shell_command(StringCommand("install", "-d", "-m", "700", "/run/sparkinfra"), _sudo=True)
-            ok = host.put_file(io.StringIO(token), token_file, _sudo=True)
-            host.run_shell_command(StringCommand("chmod", "600", token_file), _sudo=True)
-            return ok
+            return _put_secret(host, token, token_file)
 
         yield FunctionCommand(upload_token, (), {})
     script = (
@@ -534,6 +532,24 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
 
 # Secrets
 # -------
+
+
+def _put_secret(host, content: str, path: str) -> bool:
+    """
+    Upload a secret into a root-only 0600 file. pyinfra's sudo upload passes through a temp file
+    the SSH user writes (``/tmp`` by default, readable by others): here that file is in a folder
+    only the SSH user can enter (``mktemp -d``), and the destination is 0600 root before the copy.
+    """
+    q = QuoteString(path)
+    host.run_shell_command(StringCommand("install", "-m", "600", "-o", "root", "-g", "root", "/dev/null", q), _sudo=True)
+    ok, output = host.run_shell_command(StringCommand("mktemp", "-d"), _sudo=False)
+    private = output.stdout.strip() if ok else ""
+    if not private.startswith("/"):
+        return False
+    try:
+        return host.put_file(io.StringIO(content), path, remote_temp_filename=f"{private}/upload", _sudo=True)
+    finally:
+        host.run_shell_command(StringCommand("rm", "-rf", QuoteString(private)), _sudo=False)
 
 
 @operation()
@@ -571,11 +587,7 @@ def secret_env_file(path: str, variable: str, env: str, present: bool = True):
         # The folder is root-only before the secret is in it; the file is 0600 before it is filled.
         folder = str(Path(path).parent)
         host.run_shell_command(StringCommand("install", "-d", "-m", "755", folder), _sudo=True)
-        host.run_shell_command(StringCommand("install", "-m", "600", "-o", "root", "/dev/null", QuoteString(path)), _sudo=True)
-        ok = host.put_file(io.StringIO(content), path, _sudo=True)
-        host.run_shell_command(StringCommand("chmod", "600", QuoteString(path)), _sudo=True)
-        host.run_shell_command(StringCommand("chown", "root:root", QuoteString(path)), _sudo=True)
-        return ok
+        return _put_secret(host, content, path)
 
     yield FunctionCommand(upload, (), {})
 

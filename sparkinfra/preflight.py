@@ -126,7 +126,13 @@ def evaluate(
     if node == cluster.head:
         held = [p for p in probe["ports"] if _listener(p).get("container") != config.container_name]
         ports = ", ".join(str(p) for p in (config.api_port, config.master_port))
-        checks.append(Check(host_name, "ports", not held, f"{ports} in use: {'; '.join(held)}" if held else f"{ports} free"))
+        own = sorted({_listener(p)["port"] for p in probe["ports"]} - {_listener(p)["port"] for p in held}, key=int)
+        detail = (
+            f"{ports} in use: {'; '.join(held)}" if held
+            else f"{ports}: {', '.join(own)} held by the lane's own {config.container_name}" if own
+            else f"{ports} free"
+        )
+        checks.append(Check(host_name, "ports", not held, detail))
     return checks
 
 

@@ -241,13 +241,13 @@ def test_head_ports_held_by_the_lane_container(cluster):
     lane = ("8000 pid=5151 comm=vllm container=vllm_node", "29501 pid=5151 comm=vllm container=vllm_node")
     got = by_name(evaluate(cluster, HEAD, probe(ports=lane)))
     assert got["ports"].ok
-    assert got["ports"].detail == "8000, 29501 free"
+    assert got["ports"].detail == "8000, 29501: 8000, 29501 held by the lane's own vllm_node"
 
 
 def test_lane_container_name_follows_settings(tmp_path):
     other = load_cluster(tmp_path, {"container_name": "lane0", "api_port": 9000, "master_port": 29600})
     lane = by_name(evaluate(other, HEAD, probe(ports=("9000 pid=1 comm=vllm container=lane0",))))
-    assert lane["ports"].ok and lane["ports"].detail == "9000, 29600 free"
+    assert lane["ports"].ok and lane["ports"].detail == "9000, 29600: 9000 held by the lane's own lane0"
     default_name = by_name(evaluate(other, HEAD, probe(ports=("9000 pid=1 comm=vllm container=vllm_node",))))
     assert not default_name["ports"].ok
 
