@@ -6,7 +6,9 @@ Staging speed on the bed, head -> worker over the simulated fabric, measured in 
 Prints, for a synthetic snapshot (>= 2 GiB: a few large shards, many small files, random content):
 the raw pipe (TCP, no protocol) into /dev/null and, as the ceiling, into a file on the worker's disk
 (the path any copy of the snapshot must take), the seeds' method (``rsync -a`` over ssh, default cipher),
-the tool's staging step (what ``deploys/stage.py`` runs), and the no-op restage; then the same for
+the tool's staging step (what ``deploys/stage.py`` runs), and the no-op restage (the worker's check,
+a whole ``pyinfra … deploys/stage.py`` run, and pyinfra's floor: a run that only connects and reads
+one fact; best of 3 each); then the same for
 the image (``docker save | ssh | docker load`` against the tool's stream, and the ID check when
 the IDs already match). Last line: ``staging/ceiling = R``. All nodes share this machine's cores:
 compare the figures with each other, not with a real 200G link.
@@ -62,6 +64,21 @@ def pyinfra(*args: str) -> float:
     return time.monotonic() - started
 
 
+def raw_pipe(worker_ip: str, receive: str) -> float:
+    """Seconds to send the snapshot's blobs from the head to a Python listener on the worker that
+    runs ``receive`` on each connection ``c``."""
+    listen = (
+        "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('{worker_ip}', 9931)); s.listen(1); c,_=s.accept()\n{receive}"
+    )
+    receiver = subprocess.Popen(["nsenter", "-t", str(bed.container_pid(WORKER)), "-m", "-n", "-p", "--",
+                                 "python3", "-c", listen])
+    time.sleep(0.5)
+    seconds = timed(HEAD, f"cat {REPO_DIR}/blobs/* > /dev/tcp/{worker_ip}/9931")
+    receiver.wait(timeout=30)
+    return seconds
+
+
 def main() -> int:
     if bed.container_pid(HEAD) is None or bed.container_pid(WORKER) is None:
         bed.up(2)
@@ -74,25 +91,10 @@ def main() -> int:
     head_ip, worker_ip = bed.sim_nodes(2)[0].fabric_ip, bed.sim_nodes(2)[1].fabric_ip
     print(f"snapshot: {LARGE} x {LARGE_BYTES >> 20} MiB + {SMALL} x {SMALL_BYTES >> 10} KiB = {size / 2**30:.2f} GiB")
 
-    # 1. The raw pipe: bytes over TCP into /dev/null, no protocol, no disk on the far side.
-    sink = (
-        "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-        f"s.bind(('{worker_ip}', 9931)); s.listen(1); c,_=s.accept()\n"
-        "while c.recv(1 << 20): pass"
-    )
-    receiver = subprocess.Popen(["nsenter", "-t", str(bed.container_pid(WORKER)), "-m", "-n", "-p", "--",
-                                 "python3", "-c", sink])
-    time.sleep(0.5)
-    pipe = timed(HEAD, f"cat {REPO_DIR}/blobs/* > /dev/tcp/{worker_ip}/9931")
-    receiver.wait(timeout=30)
-    # The same bytes written to the worker's disk (the path every copy of the snapshot takes).
-    sink_file = sink.replace("while c.recv(1 << 20): pass",
-                             "f = open('/var/tmp/ceiling', 'wb')\nwhile (b := c.recv(1 << 20)): f.write(b)")
-    receiver = subprocess.Popen(["nsenter", "-t", str(bed.container_pid(WORKER)), "-m", "-n", "-p", "--",
-                                 "python3", "-c", sink_file])
-    time.sleep(0.5)
-    ceiling = timed(HEAD, f"cat {REPO_DIR}/blobs/* > /dev/tcp/{worker_ip}/9931")
-    receiver.wait(timeout=30)
+    # 1. The raw pipe: bytes over TCP, no protocol, into /dev/null; then into a file on the worker's
+    # disk (the path every copy of the snapshot takes): the ceiling.
+    pipe = raw_pipe(worker_ip, "while c.recv(1 << 20): pass")
+    ceiling = raw_pipe(worker_ip, "f = open('/var/tmp/ceiling', 'wb')\nwhile (b := c.recv(1 << 20)): f.write(b)")
     sh(WORKER, "rm -f /var/tmp/ceiling")
 
     # 2. The seeds' method: rsync -a over ssh, default cipher (through the head's SSH mesh).
@@ -113,14 +115,17 @@ def main() -> int:
     noop_check = time.monotonic() - started
     assert check["digest"] == digest, "the worker's copy does not match after staging"
     pyinfra("inventory/sim.py", "deploys/stage.py", *data)  # stages the image too, if needed
-    noop_converge = pyinfra("inventory/sim.py", "deploys/stage.py", *data)
+    noop_converge = min(pyinfra("inventory/sim.py", "deploys/stage.py", *data) for _ in range(3))
+    # pyinfra's own floor: start, read the inventory and settings, connect, read one fact.
+    floor = min(pyinfra("inventory/sim.py", "fact", "server.Hostname") for _ in range(3))
 
     print(f"raw pipe (TCP into /dev/null) {rate(pipe, size)}")
     print(f"raw pipe ceiling (TCP to disk){rate(ceiling, size)}")
     print(f"seeds: rsync -a over ssh      {rate(seeds, size)}")
     print(f"tool: staging step            {rate(tool, size)}")
     print(f"tool/seeds = {seeds / tool:.2f}")
-    print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s")
+    print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s "
+          f"(pyinfra's floor: start, connect, one fact {floor:.2f} s; staging's part {noop_converge - floor:.2f} s)")
 
     # The image: the seeds' pipe vs the tool's, then the ID check when they match.
     image = shlex.quote(bed.IMAGE)

@@ -10,8 +10,9 @@ offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.m
 from pyinfra import host, inventory, state
 from pyinfra.operations import python
 
-from sparkinfra import bench, lock, operations, settings
+from sparkinfra import bench, lock, operations, settings, ssh
 
+ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 

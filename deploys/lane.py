@@ -10,8 +10,9 @@ from io import StringIO
 from pyinfra import host, inventory, state
 from pyinfra.operations import files, systemd
 
-from sparkinfra import lanes, lock, operations, serving, settings
+from sparkinfra import lanes, lock, operations, serving, settings, ssh
 
+ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 config = cluster.config

@@ -7,7 +7,8 @@ the fabric link. Also the first step of ``deploys/serve.py``.
 
 from pyinfra import inventory, state
 
-from sparkinfra import lock, preflight, settings
+from sparkinfra import lock, preflight, settings, ssh
 
+ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 preflight.run(state, settings.current())

@@ -9,10 +9,11 @@ over the fabric, no stale lane container.
 from pyinfra import host, inventory, state
 from pyinfra.operations import files
 
-from sparkinfra import lock, operations, settings
+from sparkinfra import lock, operations, settings, ssh
 from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS, mesh_config, mesh_known_hosts
 from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
+ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 node = cluster.node(host.name)

@@ -6,8 +6,9 @@ One image ID and one verified model snapshot on every node, moved head -> worker
 
 from pyinfra import host, inventory, state
 
-from sparkinfra import lock, operations, settings, stage
+from sparkinfra import lock, operations, settings, ssh, stage
 
+ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 config = cluster.config

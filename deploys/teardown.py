@@ -17,10 +17,11 @@ from pyinfra import host, inventory, state
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkinfra import lock, operations, serving, settings
+from sparkinfra import lock, operations, serving, settings, ssh
 from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS
 from sparkinfra.nccl import NCCL_ENV_FILE
 
+ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 node = cluster.node(host.name)

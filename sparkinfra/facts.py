@@ -5,9 +5,80 @@ Facts: what a node's state is now, read from the node itself.
 from __future__ import annotations
 
 import json
+import weakref
 
+import gevent
+from gevent.event import AsyncResult
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
+
+_gathered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {key: AsyncResult}
+
+
+def gathered(host, cls, **kwargs):
+    """
+    Returns ``host.get_fact(cls, **kwargs)``, gathered once for as long as no operation of this
+    run has run a command on any host (a command on one node can change another: the head
+    streams to the workers), and separately while pyinfra only detects changes. Hosts asking for
+    the same fact at the same time (every worker reading the head's manifest) share one command:
+    each would otherwise open its own SSH session on that host's one connection, and sshd
+    refuses sessions past ``MaxSessions`` (10). Read facts before yielding a command.
+
+    .. code:: python
+
+        wanted = gathered(head, SnapshotManifest, repo_dir=repo_dir, deep=False)
+    """
+    state = host.state
+    cache = _gathered.setdefault(state, {})
+    key = (host.name, cls, repr(sorted(kwargs.items())), state.current_stage, _generation(state))
+    if key not in cache:
+        cache[key] = result = AsyncResult()
+        try:
+            result.set(host.get_fact(cls, **kwargs))
+        except BaseException as e:
+            del cache[key]
+            result.set_exception(e)
+            raise
+    return cache[key].get()
+
+
+def gathered_each(hosts, cls, **kwargs) -> list:
+    """
+    Returns ``gathered(h, cls, **kwargs)`` for each of ``hosts``, in order, read from all of them
+    at once rather than one round trip after the other.
+
+    .. code:: python
+
+        ids = gathered_each([spark2, spark3], DockerImageId, image="vllm-node:latest")
+    """
+    return at_once([(h, gathered, h, cls, kwargs) for h in hosts])
+
+
+def at_once(calls: list) -> list:
+    """
+    Runs each ``(host, function, *args, kwargs)`` call in its own greenlet, with pyinfra's
+    context set to that host as when it loads a deploy; returns the results in order.
+    """
+    from pyinfra.context import ctx_config, ctx_host, ctx_state
+
+    def one(h, function, *args):
+        *args, kwargs = args
+        with ctx_state.use(h.state), ctx_config.use(h.state.config), ctx_host.use(h):
+            return function(*args, **kwargs)
+
+    jobs = [gevent.spawn(one, *call) for call in calls]
+    gevent.joinall(jobs, raise_error=True)
+    return [job.value for job in jobs]
+
+
+def _generation(state) -> int:
+    """How many operations have run commands so far in this run, over all hosts."""
+    return sum(
+        1
+        for ops in state.ops.values()
+        for data in ops.values()
+        if data.operation_meta.is_complete() and data.operation_meta.executed
+    )
 
 
 class FabricLink(FactBase):
@@ -86,12 +157,12 @@ class RoceGidTable(FactBase):
     def command(self, device: str, port: int = 1) -> str:
         base = f"/sys/class/infiniband/{device}/ports/{int(port)}"
         # One "sysfs<TAB>index<TAB>gid<TAB>type<TAB>ndev" line per row (an unpopulated row's
-        # type reads as an error: empty); else the show_gids table as it prints.
+        # type reads as an error: empty), read with the shell's builtins (no process per row);
+        # else the show_gids table as it prints.
         return (
-            f"if [ -d {base}/gids ]; then for g in {base}/gids/*; do i=${{g##*/}}; "
-            f"printf 'sysfs\\t%s\\t%s\\t%s\\t%s\\n' \"$i\" \"$(cat $g 2>/dev/null)\" "
-            f"\"$(cat {base}/gid_attrs/types/$i 2>/dev/null)\" "
-            f"\"$(cat {base}/gid_attrs/ndevs/$i 2>/dev/null)\"; done; "
+            f"if [ -d {base}/gids ]; then for g in {base}/gids/*; do i=${{g##*/}}; gid=; t=; n=; "
+            f"read -r gid < $g; read -r t < {base}/gid_attrs/types/$i; read -r n < {base}/gid_attrs/ndevs/$i; "
+            f"printf 'sysfs\\t%s\\t%s\\t%s\\t%s\\n' \"$i\" \"$gid\" \"$t\" \"$n\"; done 2>/dev/null; "
             f"elif command -v show_gids >/dev/null; then show_gids {device} {int(port)}; fi"
         )
 

@@ -8,6 +8,7 @@ from io import StringIO
 
 from pyinfra.facts.files import FileContents
 
+from .facts import gathered_each
 from .settings import Cluster
 
 MESH_KEY = "/root/.ssh/sparkinfra_fabric"
@@ -36,8 +37,9 @@ def mesh_config(cluster: Cluster) -> str:
 def mesh_known_hosts(cluster: Cluster, inventory) -> StringIO:
     """Each worker's ed25519 host key, under its fabric IP (read from the worker itself)."""
     lines = []
-    for worker in cluster.workers:
-        content = inventory.get_host(worker.name).get_fact(FileContents, path=HOST_KEY) or []
+    contents = gathered_each([inventory.get_host(w.name) for w in cluster.workers], FileContents, path=HOST_KEY)
+    for worker, content in zip(cluster.workers, contents):
+        content = content or []
         key = " ".join(" ".join(content).split()[:2])
         if not key:
             raise RuntimeError(f"{worker.name}: no SSH host key at {HOST_KEY}")

@@ -32,12 +32,14 @@ from .facts import (
     RoceGidTable,
     SnapshotManifest,
     _snapshot_tool_command,
+    gathered,
+    gathered_each,
     roce_v2_index,
 )
 
 
 def _link(interface: str) -> dict:
-    link = host.get_fact(FabricLink, interface=interface)
+    link = gathered(host, FabricLink, interface=interface)
     if link is None:
         raise OperationError(f"{host.name}: fabric interface {interface} does not exist")
     return link
@@ -122,7 +124,7 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
     + mtu: the MTU
     + present: whether the boot-time config must exist
     """
-    if host.get_fact(NetworkConfigBackend) == "netplan":
+    if gathered(host, NetworkConfigBackend) == "netplan":
         dest = "/etc/netplan/60-sparkinfra-fabric.yaml"
         if not present:
             yield from files.file._inner(path=dest, present=False)
@@ -170,7 +172,7 @@ def nccl_environment(
     + rdma_device, rdma_port: where to read the GID table
     + fabric_ip, interface: the RoCE v2 row that carries this IPv4 on this netdev is the one
     """
-    rows = host.get_fact(RoceGidTable, device=rdma_device, port=rdma_port)
+    rows = gathered(host, RoceGidTable, device=rdma_device, port=rdma_port)
     index = roce_v2_index(rows or [], fabric_ip, interface)
     if index is None:
         if _preparing():
@@ -211,12 +213,12 @@ def nccl_pinned(path: str, version: str, upload: str = ""):
     """
     if upload:
         yield from files.put._inner(src=upload, dest=path, user="root", group="root", mode="644")
-    elif not host.get_fact(File, path=path):
+    elif not gathered(host, File, path=path):
         yield from _refuse(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
         return
     if _preparing():
         return
-    found = host.get_fact(NcclVersion, path=path)
+    found = gathered(host, NcclVersion, path=path)
     if found != version:
         yield from _refuse(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
         return
@@ -231,7 +233,7 @@ def ssh_key_present(path: str, comment: str):
     + path: the private key; the public key is ``path + ".pub"``
     + comment: the key's comment
     """
-    if host.get_fact(File, path=path) and host.get_fact(File, path=f"{path}.pub"):
+    if gathered(host, File, path=path) and gathered(host, File, path=f"{path}.pub"):
         host.noop(f"{path} exists")
         return
     yield StringCommand("mkdir", "-p", "-m", "700", QuoteString(str(Path(path).parent)))
@@ -251,7 +253,7 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
     + present: whether it must be authorized; ``False`` removes every line holding the key (found
       by the key itself: run it before the key goes from ``key_host``)
     """
-    pubkey = (key_host.get_fact(FileContents, path=key_path) or [""])[0].strip()
+    pubkey = (gathered(key_host, FileContents, path=key_path) or [""])[0].strip()
     if not pubkey and not present:
         host.noop(f"no key {key_path} on {key_host.name}: none of it to remove")
         return
@@ -261,7 +263,7 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
             return
         yield from _refuse(f"{host.name}: no public key {key_path} on {key_host.name}")
         return
-    home = host.get_fact(Home, user=user)
+    home = gathered(host, Home, user=user)
     line = f'from="{from_ip}" {pubkey}'
     # grep/sed read a basic regex: the key's base64 '+' is literal there (re.escape's '\+' is not).
     match = ".*" + re.sub(r"([\\.\[\]*^$])", r"\\\1", pubkey.split()[1]) + ".*"
@@ -286,7 +288,7 @@ def stale_container_absent(container: str):
 
     + container: the container name (``vllm_node``)
     """
-    state = host.get_fact(DockerContainer, container=container)
+    state = gathered(host, DockerContainer, container=container)
     if state is None or state["running"]:
         host.noop(f"no stale container {container}")
         return
@@ -300,7 +302,7 @@ def container_absent(container: str):
 
     + container: the container name
     """
-    if host.get_fact(DockerContainer, container=container) is None:
+    if gathered(host, DockerContainer, container=container) is None:
         host.noop(f"no container {container}")
         return
     yield StringCommand("docker", "rm", "-f", QuoteString(container))
@@ -330,7 +332,7 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
     + tarball: a ``docker save`` tarball on this host to load when the image is missing
     + build: a shell command on this host that builds the image when it is missing
     """
-    current = host.get_fact(DockerImageId, image=image)
+    current = gathered(host, DockerImageId, image=image)
     if current is None:
         if tarball:
             yield StringCommand("docker", "load", "-i", QuoteString(tarball))
@@ -362,14 +364,15 @@ def image_on_workers(image: str, workers: list):
     + image: name:tag
     + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
     """
-    head_id = host.get_fact(DockerImageId, image=image)
+    head_id = gathered(host, DockerImageId, image=image)
     if head_id is None:
         if _preparing():
             yield StringCommand("echo", f"{image} reaches the workers once it is on the head")
             return
         yield from _refuse(f"{host.name}: {image} is not on the head")
         return
-    behind = [(w, ip) for w, ip in workers if w.get_fact(DockerImageId, image=image) != head_id]
+    ids = gathered_each([w for w, _ in workers], DockerImageId, image=image)
+    behind = [(w, ip) for (w, ip), wid in zip(workers, ids) if wid != head_id]
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")
         return
@@ -398,7 +401,7 @@ def snapshot_manifest(repo_dir: str):
 
     + repo_dir: the repository's folder in the HF cache
     """
-    state = host.get_fact(SnapshotManifest, repo_dir=repo_dir)
+    state = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
     if not state.get("exists"):
         if _preparing():
             yield StringCommand("echo", f"manifest of {repo_dir} once the snapshot is there")
@@ -425,17 +428,15 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
     + streams: parallel rsync streams per worker
     + deep: hash every file on the workers, not only those whose size or mtime changed
     """
-    mine = host.get_fact(SnapshotManifest, repo_dir=repo_dir)
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
     if not mine.get("exists") or mine.get("stale"):
         if _preparing():
             yield StringCommand("echo", f"{repo_dir} reaches the workers once its manifest is made")
             return
         yield from _refuse(f"{host.name}: no current manifest for {repo_dir}")
         return
-    behind = [
-        ipaddr for w, ipaddr in workers
-        if w.get_fact(SnapshotManifest, repo_dir=repo_dir, deep=deep).get("digest") != mine["digest"]
-    ]
+    theirs = gathered_each([w for w, _ in workers], SnapshotManifest, repo_dir=repo_dir, deep=deep)
+    behind = [ipaddr for (_, ipaddr), m in zip(workers, theirs) if (m or {}).get("digest") != mine["digest"]]
     if not behind:
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
@@ -455,13 +456,13 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
     """
     if _preparing():
         return
-    wanted = head.get_fact(SnapshotManifest, repo_dir=repo_dir)
-    mine = host.get_fact(SnapshotManifest, repo_dir=repo_dir, deep=deep)
+    wanted = gathered(head, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=deep) or {}
     if wanted.get("digest") and mine.get("digest") == wanted["digest"]:
         host.noop(f"{repo_dir} matches the head's manifest ({mine['files']} files)")
         return
     # Name the files: compare against the head's manifest, placed here for that.
-    content = "\n".join(head.get_fact(FileContents, path=f"{repo_dir}/{stage.MANIFEST}") or [])
+    content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{stage.MANIFEST}") or [])
     check = f"/run/sparkinfra/{stage.MANIFEST}.{host.name}"
     yield from files.put._inner(src=io.StringIO(content), dest=check, mode="600")
     yield StringCommand(
@@ -497,8 +498,8 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
     + endpoint: the hub's URL (``HF_ENDPOINT``, a mirror); empty: huggingface.co
     """
     repo_path = stage.repo_dir(cache_dir, repo)
-    if host.get_fact(Directory, path=f"{repo_path}/snapshots/{revision}") or (
-        not re.fullmatch(r"[0-9a-f]{40}", revision) and host.get_fact(File, path=f"{repo_path}/refs/{revision}")
+    if gathered(host, Directory, path=f"{repo_path}/snapshots/{revision}") or (
+        not re.fullmatch(r"[0-9a-f]{40}", revision) and gathered(host, File, path=f"{repo_path}/refs/{revision}")
     ):
         host.noop(f"{repo}@{revision} is in {cache_dir}")
         return
@@ -567,7 +568,7 @@ def secret_env_file(path: str, variable: str, env: str, present: bool = True):
     import hashlib
 
     if not present:
-        if host.get_fact(File, path=path):
+        if gathered(host, File, path=path):
             yield StringCommand("rm", "-f", QuoteString(path))
         else:
             host.noop(f"{path} is absent")
@@ -577,8 +578,8 @@ def secret_env_file(path: str, variable: str, env: str, present: bool = True):
         yield from _refuse(f"{host.name}: the controller's ${env} is empty; it must hold the secret for {path}")
         return
     content = f"{variable}={value}\n"
-    info = host.get_fact(File, path=path)
-    same = info and host.get_fact(Sha256File, path=path) == hashlib.sha256(content.encode()).hexdigest()
+    info = gathered(host, File, path=path)
+    same = info and gathered(host, Sha256File, path=path) == hashlib.sha256(content.encode()).hexdigest()
     if same and info.get("mode") == 600 and info.get("user") == "root":
         host.noop(f"{path} holds the current secret")
         return
@@ -605,7 +606,7 @@ def other_lanes_stopped(lane: str):
 
     + lane: the lane that may run (empty: none may)
     """
-    units = host.get_fact(LaneUnits)
+    units = gathered(host, LaneUnits)
     others = sorted(
         name for name, state in units.items()
         if name != lane and (state["active"] in ACTIVE_STATES or state["enabled"] == "enabled")
@@ -628,7 +629,7 @@ def lane_units_absent():
     running or enabled is stopped and disabled first. Reload systemd after it (``_if=`` its
     ``did_change``).
     """
-    units = host.get_fact(LaneUnits)
+    units = gathered(host, LaneUnits)
     if not units:
         host.noop("no lane unit is installed")
         return
@@ -656,12 +657,12 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     import hashlib
     import json
 
-    image_id = host.get_fact(DockerImageId, image=image) or "absent"
+    image_id = gathered(host, DockerImageId, image=image) or "absent"
     check = (Path(__file__).parent / "remote" / "vllm_check.py").read_text()
     request = json.dumps(request, sort_keys=True)
     key = hashlib.sha256(f"{image_id}\n{request}\n{check}".encode()).hexdigest()[:16]
     marker = f"{serving.STATE_DIR}/{lane}.validated"
-    if host.get_fact(FileDigest, path=marker) == key:
+    if gathered(host, FileDigest, path=marker) == key:
         host.noop(f"{lane}'s arguments passed the image's vLLM")
         return
     script, data = f"{serving.STATE_DIR}/vllm_check.py", f"{serving.STATE_DIR}/{lane}.check.json"

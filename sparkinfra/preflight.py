@@ -14,6 +14,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
+from .facts import at_once, gathered
 from .settings import Cluster, Settings
 
 
@@ -165,16 +166,17 @@ def run(state, settings: Settings) -> list[Check]:
     checks: list[Check] = []
     active = {h.name for h in state.inventory.iter_activated_hosts()}
     for cluster in settings.clusters.values():
-        probes = {}
-        for node in cluster.nodes:
-            probes[node.name] = None
-            if node.name in active:
-                probes[node.name] = state.inventory.get_host(node.name).get_fact(
-                    PreflightProbe,
-                    model_dir=cluster.config.model_dir,
-                    interface=cluster.fabric.interface,
-                    ports=required_ports(cluster, node.name),
-                )
+        probes = {node.name: None for node in cluster.nodes}
+        live = [state.inventory.get_host(node.name) for node in cluster.nodes if node.name in active]
+        values = at_once([  # every node's probe at once
+            (h, gathered, h, PreflightProbe, {
+                "model_dir": cluster.config.model_dir,
+                "interface": cluster.fabric.interface,
+                "ports": required_ports(cluster, h.name),
+            })
+            for h in live
+        ])
+        probes.update((h.name, value) for h, value in zip(live, values))
         down = tuple(n for n, p in probes.items() if p and p.get("link") and "UP" not in link_flags(p))
         for node in cluster.nodes:
             checks += evaluate(cluster, node.name, probes[node.name], down)

@@ -26,6 +26,14 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "operations"
 CASES = sorted(f"{p.parent.name}/{p.stem}" for p in FIXTURES.glob("*/*.json"))
 
 
+class FakeState:
+    """The run a fake host belongs to: its stage, and no operation run yet."""
+
+    def __init__(self, stage: StateStage) -> None:
+        self.current_stage = stage
+        self.ops: dict = {}
+
+
 class FakeHost:
     """What an operation uses of a pyinfra host: its name, facts, noop and the run's stage."""
 
@@ -34,7 +42,7 @@ class FakeHost:
         self.facts = facts
         self.noops: list[str] = []
         current = StateStage.Execute if stage == "execute" else StateStage.Prepare
-        self.state = SimpleNamespace(current_stage=current)
+        self.state = FakeState(current)
 
     def get_fact(self, fact, *args, **kwargs):
         assert not args, f"{fact.__name__}: positional arguments {args}"
