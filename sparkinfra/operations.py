@@ -218,7 +218,7 @@ def nccl_pinned(path: str, version: str, upload: str = ""):
         return
     if _preparing():
         return
-    found = gathered(host, NcclVersion, path=path)
+    found = host.get_fact(NcclVersion, path=path)  # after the upload above: read afresh, never cached
     if found != version:
         yield from _refuse(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
         return
