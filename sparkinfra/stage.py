@@ -56,14 +56,7 @@ def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str
         f"python3 \"$work/tool.py\" plan {q(repo)} \"$work/manifest.json\" \"$work\" {int(streams)}"
         + (" --deep" if deep else "") + " > \"$work/plan.json\"",
         f"cd {q(root)}",
-        # Progress every few seconds, one line each (pyinfra -v shows them as they come).
-        "need=$(sed 's/.*\"bytes_needed\": \\([0-9]*\\).*/\\1/' \"$work/plan.json\"); "
-        f"start=$(du -sb {q(repo)} | cut -f1); t0=$(date +%s)",
-        "( while sleep 5; do now=$(du -sb " + q(repo) + " | cut -f1); d=$((now - start)); "
-        "s=$(( $(date +%s) - t0 )); r=$(( d / (s > 0 ? s : 1) )); "
-        "left=$(( need > d ? need - d : 0 )); "
-        "echo \"$(hostname): $((d >> 20)) of $((need >> 20)) MiB, $((r >> 20)) MiB/s, "
-        "ETA $(( r > 0 ? left / r : 0 )) s\"; done ) & progress=$!",
+        *progress_lines(repo, "\"$work/plan.json\""),
         "trap 'kill $progress 2>/dev/null; rm -rf \"$work\"' EXIT",
         "pids=",
         "for list in \"$work\"/list.*; do [ -e \"$list\" ] || continue",
@@ -74,6 +67,28 @@ def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str
         "if [ $rc != 0 ]; then cat \"$work\"/list.*.log >&2; exit $rc; fi",
         f"python3 \"$work/tool.py\" adopt {q(repo)} \"$work/manifest.json\" \"$work\" > /dev/null",
     ]) + "\n"
+
+
+def progress_lines(repo: str, plan: str, every: int = 5) -> list[str]:
+    """
+    Shell that prints the transfer's progress every ``every`` seconds in the background (bytes,
+    rate, ETA; one line each, so pyinfra -v shows them as they come) and sets ``$progress`` to
+    its PID. Killing that PID ends the loop and its sleep at once: ssh returns only once nothing
+    holds its output open.
+
+    + plan: the plan's JSON (its ``bytes_needed``)
+    """
+    q = shlex.quote
+    return [
+        f"need=$(sed 's/.*\"bytes_needed\": \\([0-9]*\\).*/\\1/' {plan}); "
+        f"start=$(du -sb {q(repo)} | cut -f1); t0=$(date +%s)",
+        f"( nap=; trap 'kill $nap 2>/dev/null; exit 0' TERM; while sleep {int(every)} & nap=$!; wait $nap; do "
+        "now=$(du -sb " + q(repo) + " | cut -f1); d=$((now - start)); "
+        "s=$(( $(date +%s) - t0 )); r=$(( d / (s > 0 ? s : 1) )); "
+        "left=$(( need > d ? need - d : 0 )); "
+        "echo \"$(hostname): $((d >> 20)) of $((need >> 20)) MiB, $((r >> 20)) MiB/s, "
+        "ETA $(( r > 0 ? left / r : 0 )) s\"; done ) & progress=$!",
+    ]
 
 
 def head_transfer_script(repo: str, workers: list[str], bind_ip: str, port: int, streams: int, deep: bool = False) -> str:
@@ -98,7 +113,8 @@ def head_transfer_script(repo: str, workers: list[str], bind_ip: str, port: int,
         "set -u; run=$(mktemp -d /run/sparkinfra-stage.XXXXXX)",
         f"printf %s {shlex.quote(conf)} > $run/rsyncd.conf",
         "rsync --daemon --no-detach --config=$run/rsyncd.conf & daemon=$!",
-        "trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
+        # KILL: on TERM rsync's daemon lingers ~0.4 s; it serves nothing once every pull is done.
+        "trap 'kill -KILL $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf $run' EXIT",
         f"for i in $(seq 50); do (exec 3<>/dev/tcp/{bind_ip}/{int(port)}) 2>/dev/null && break; sleep 0.1; done",
         f"pull={shlex.quote(remote)}",  # the same for every worker: once, whatever their number
         "rc=0; pids=",
