@@ -5,10 +5,8 @@ node (rank 0 serves the API, the others run headless), no other lane running, re
     pyinfra inventory/pair.py deploys/lane.py            # lane = "..." in group_data, or --data lane=...
 """
 
-from io import StringIO
-
 from pyinfra import host, inventory, state
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from sparkinfra import lanes, lock, operations, serving, settings, ssh
 
@@ -31,20 +29,19 @@ if config.lane:
     mine = next(p for p in plans if p.node.name == host.name)
     name, digest = lane.name, mine.plan["digest"]
 
-    files.put(
+    operations.file_content(
         name=f"Lane runner is at {serving.LANE_CTL}",
+        path=serving.LANE_CTL,
         src=str(serving.LANE_CTL_SOURCE),
-        dest=serving.LANE_CTL,
         mode="755",
     )
-    files.template(
+    operations.file_content(
         name=f"This node's environment for lane {name} is in {serving.env_path(name)} (root only)",
-        src="templates/etc/sparkinfra/lanes/lane.env.j2",
-        dest=serving.env_path(name),
+        path=serving.env_path(name),
+        content=operations.render(
+            "etc/sparkinfra/lanes/lane.env.j2", lane=name, rank=mine.rank, variables=sorted(mine.env.items())
+        ),
         mode="600",
-        lane=name,
-        rank=mine.rank,
-        variables=sorted(mine.env.items()),
     )
     if is_head:
         operations.secret_env_file(
@@ -55,17 +52,16 @@ if config.lane:
             env=config.api_key_env,
             present=bool(config.api_key_env),
         )
-    files.put(
+    operations.file_content(
         name=f"This node's plan for lane {name} is in {serving.plan_path(name)}",
-        src=StringIO(serving.plan_json(mine)),
-        dest=serving.plan_path(name),
+        path=serving.plan_path(name),
+        content=serving.plan_json(mine),
         mode="600",
     )
-    unit = files.template(
+    unit = operations.file_content(
         name=f"Unit {serving.unit_name(name)} runs this node's rank of lane {name}",
-        src="templates/etc/systemd/system/sparkinfra-lane.service.j2",
-        dest=f"/etc/systemd/system/{serving.unit_name(name)}",
-        **mine.unit,
+        path=f"/etc/systemd/system/{serving.unit_name(name)}",
+        content=operations.render("etc/systemd/system/sparkinfra-lane.service.j2", **mine.unit),
     )
     systemd.daemon_reload(
         name="systemd has read the lane's unit",

@@ -76,12 +76,10 @@ else:
         from_ip=str(cluster.head.fabric_ip),
     )
 if node == cluster.head and cluster.workers:
-    files.put(
+    operations.file_content(
         name=f"Head knows the workers' host keys in {MESH_KNOWN_HOSTS}",
-        src=mesh_known_hosts(cluster, inventory),
-        dest=MESH_KNOWN_HOSTS,
-        user="root",
-        group="root",
+        path=MESH_KNOWN_HOSTS,
+        content=mesh_known_hosts(cluster, inventory),
         mode="600",
     )
     files.block(

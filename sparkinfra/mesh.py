@@ -4,7 +4,6 @@ The head's SSH mesh over the fabric: its own key, each worker's user and host ke
 
 from __future__ import annotations
 
-from io import StringIO
 
 from pyinfra.facts.files import FileContents
 
@@ -34,7 +33,7 @@ def mesh_config(cluster: Cluster) -> str:
     return "\n".join(blocks)
 
 
-def mesh_known_hosts(cluster: Cluster, inventory) -> StringIO:
+def mesh_known_hosts(cluster: Cluster, inventory) -> str:
     """Each worker's ed25519 host key, under its fabric IP (read from the worker itself)."""
     lines = []
     contents = gathered_each([inventory.get_host(w.name) for w in cluster.workers], FileContents, path=HOST_KEY)
@@ -44,4 +43,4 @@ def mesh_known_hosts(cluster: Cluster, inventory) -> StringIO:
         if not key:
             raise RuntimeError(f"{worker.name}: no SSH host key at {HOST_KEY}")
         lines.append(f"{worker.fabric_ip} {key}\n")
-    return StringIO("".join(lines))
+    return "".join(lines)

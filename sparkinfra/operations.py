@@ -5,6 +5,7 @@ fact says the state differs.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -12,12 +13,14 @@ import shlex
 from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
-from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra import context, host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.state import StateStage
+from pyinfra.api.util import get_template
 from pyinfra.facts.files import Directory, File, FileContents, Sha256File
 from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
+from pyinfra.operations.util.files import chmod, chown, generate_color_diff
 
 from . import serving, stage
 from .facts import (
@@ -25,6 +28,7 @@ from .facts import (
     DockerImageId,
     FabricLink,
     FileDigest,
+    FileState,
     LaneStatus,
     LaneUnits,
     NcclVersion,
@@ -36,6 +40,57 @@ from .facts import (
     gathered_each,
     roce_v2_index,
 )
+
+
+def render(template: str, **values) -> str:
+    """
+    The text of ``templates/<template>`` rendered with ``values``, by the same Jinja2 set-up as
+    pyinfra's ``files.template``.
+    """
+    return get_template(str(TEMPLATES / template)).render(values)
+
+
+@operation()
+def file_content(path: str, content: str | None = None, src: str | None = None,
+                 user: str = "root", group: str = "root", mode: str = "644"):
+    """
+    Ensure ``path`` holds ``content`` with this owner and mode, read with one command (pyinfra's
+    ``files.put`` asks three facts per file: most of a node's round trips in a no-op converge).
+    Uploads only when the content differs; with ``--diff``, prints the change as a unified diff.
+
+    + path: the file on the node (its folder is made if missing)
+    + content: the text it must hold
+    + src: or a file on the controller whose bytes it must hold (a library: no diff is printed)
+    + user, group, mode: its owner and mode (octal, ``"600"``)
+    """
+    now = gathered(host, FileState, path=path)
+    if now["kind"] == "other":
+        yield from _refuse(f"{host.name}: {path} is not a regular file; remove it, sparkinfra writes a file there")
+        return
+    if src is not None:
+        with open(src, "rb") as f:
+            wanted_sha1 = hashlib.file_digest(f, "sha1").hexdigest()
+    else:
+        wanted_sha1 = hashlib.sha1(content.encode()).hexdigest()
+    if now["kind"] == "file" and now["sha1"] == wanted_sha1:
+        if now["user"] != user or now["group"] != group:
+            yield chown(path, user, group)
+        if int(now["mode"], 8) != int(mode, 8):
+            yield chmod(path, mode)
+        host.noop(f"{path} holds the wanted content")
+        return
+    if context.state.config.DIFF and src is None:
+        before = (host.get_fact(FileContents, path=path) or []) if now["kind"] == "file" else []
+        host.log(f"Will {'modify' if before or now['kind'] == 'file' else 'create'} {path}", logger.info)
+        for line in generate_color_diff([line + "\n" for line in before], content.splitlines(keepends=True)):
+            logger.info("  %s", line)
+        logger.info("")
+    if not now["parent"]:
+        yield StringCommand("mkdir", "-p", QuoteString(os.path.dirname(path)))
+    source = src if src is not None else io.StringIO(content)
+    yield FileUploadCommand(source, path, remote_temp_filename=host.get_temp_filename(path))
+    yield chown(path, user, group)
+    yield chmod(path, mode)
 
 
 def _link(interface: str) -> dict:
@@ -129,10 +184,9 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
         if not present:
             yield from files.file._inner(path=dest, present=False)
             return
-        yield from files.template._inner(
-            src=str(TEMPLATES / "etc/netplan/60-sparkinfra-fabric.yaml.j2"), dest=dest,
-            user="root", group="root", mode="600",  # netplan refuses world-readable files
-            interface=interface, address=address, mtu=mtu,
+        yield from file_content._inner(
+            path=dest, mode="600",  # netplan refuses world-readable files
+            content=render("etc/netplan/60-sparkinfra-fabric.yaml.j2", interface=interface, address=address, mtu=mtu),
         )
         return
     unit = "sparkinfra-fabric.service"
@@ -142,10 +196,9 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
         yield from files.file._inner(path=dest, present=False)
         return
     changed = False
-    for command in files.template._inner(
-        src=str(TEMPLATES / "etc/systemd/system/sparkinfra-fabric.service.j2"), dest=dest,
-        user="root", group="root", mode="644",
-        interface=interface, address=address, mtu=mtu,
+    for command in file_content._inner(
+        path=dest, mode="644",
+        content=render("etc/systemd/system/sparkinfra-fabric.service.j2", interface=interface, address=address, mtu=mtu),
     ):
         changed = True
         yield command
@@ -195,10 +248,8 @@ def nccl_environment(
             env.pop(key, None)
         else:
             env[key] = value
-    yield from files.template._inner(
-        src=str(TEMPLATES / "etc/sparkinfra/nccl.env.j2"),
-        dest=path, user="root", group="root", mode="600",
-        variables=sorted(env.items()),
+    yield from file_content._inner(
+        path=path, mode="600", content=render("etc/sparkinfra/nccl.env.j2", variables=sorted(env.items())),
     )
 
 
@@ -212,7 +263,7 @@ def nccl_pinned(path: str, version: str, upload: str = ""):
     + upload: a controller file to place at ``path`` first; empty: it must already be there
     """
     if upload:
-        yield from files.put._inner(src=upload, dest=path, user="root", group="root", mode="644")
+        yield from file_content._inner(path=path, src=upload, mode="644")
     elif not gathered(host, File, path=path):
         yield from _refuse(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
         return

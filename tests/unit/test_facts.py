@@ -21,10 +21,12 @@ from sparkinfra.facts import (
     GID_ZERO,
     DockerContainer,
     FabricLink,
+    FileState,
     NcclVersion,
     RoceGidTable,
     gid_ipv4,
     nccl_version_from_code,
+    parse_file_state,
     parse_gid_table,
     parse_ip_addr_json,
     roce_v2_index,
@@ -530,3 +532,51 @@ def test_nccl_version_fact_process():
 )
 def test_docker_container_process(output, state):
     assert DockerContainer().process(output) == state
+
+
+# FileState: one command for what files.put asks three facts (run here, on this machine's files)
+
+def file_state(path) -> dict:
+    command = FileState().command(path=str(path)).get_raw_value()
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    return FileState().process(out.splitlines())
+
+
+def test_file_state_of_a_file(tmp_path):
+    import grp
+    import hashlib
+    import pwd
+
+    path = tmp_path / "has space" / "nccl.env"
+    path.parent.mkdir()
+    path.write_text("NCCL_IB_GID_INDEX=3\n")
+    path.chmod(0o600)
+    st = path.stat()
+    assert file_state(path) == {
+        "kind": "file", "mode": "600", "user": pwd.getpwuid(st.st_uid).pw_name,
+        "group": grp.getgrgid(st.st_gid).gr_name, "sha1": hashlib.sha1(b"NCCL_IB_GID_INDEX=3\n").hexdigest(),
+        "parent": True,
+    }
+
+
+def test_file_state_absent_with_and_without_its_folder(tmp_path):
+    assert file_state(tmp_path / "missing") == {
+        "kind": "absent", "mode": None, "user": None, "group": None, "sha1": None, "parent": True}
+    assert file_state(tmp_path / "no" / "missing")["parent"] is False
+
+
+@pytest.mark.parametrize("make", ["folder", "link"])
+def test_file_state_of_something_else_in_the_way(tmp_path, make):
+    path = tmp_path / "unit.service"
+    if make == "folder":
+        path.mkdir()
+    else:
+        (tmp_path / "target").write_text("x")
+        path.symlink_to(tmp_path / "target")
+    state = file_state(path)
+    assert state["kind"] == "other" and state["sha1"] is None and state["parent"] is True
+
+
+def test_parse_file_state_of_no_output_is_absent_without_folder():
+    assert parse_file_state([]) == {
+        "kind": "absent", "mode": None, "user": None, "group": None, "sha1": None, "parent": False}

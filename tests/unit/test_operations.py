@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api import StringCommand
+from pyinfra.api import OperationError, StringCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
@@ -144,3 +144,76 @@ def test_removing_the_heads_key_runs_and_keeps_other_keys(tmp_path):
 def test_removing_the_heads_key_creates_nothing(tmp_path):
     assert key_removed(tmp_path)[0] == []
     assert list(tmp_path.iterdir()) == []
+
+
+# file_content: one fact, then only the commands the difference needs
+
+class Uploads(FakeHost):
+    """A fake host that also names upload temp files, as pyinfra hosts do."""
+
+    def get_temp_filename(self, key):
+        return f"/tmp/pyinfra-{abs(hash(key))}"
+
+
+def file_state(kind="file", content="A=1\n", mode="600", user="root", group="root", parent=True) -> dict:
+    import hashlib
+
+    sha1 = hashlib.sha1(content.encode()).hexdigest() if kind == "file" else None
+    value = {"kind": kind, "mode": mode if kind == "file" else None, "user": user if kind == "file" else None,
+             "group": group if kind == "file" else None, "sha1": sha1, "parent": parent}
+    return {"fact": "FileState", "args": {"path": "/etc/sparkinfra/nccl.env"}, "value": value}
+
+
+def file_content(facts, stage="execute", **kwargs):
+    """(commands as objects, noops) of file_content for /etc/sparkinfra/nccl.env."""
+    host = Uploads("node", facts, stage)
+    kwargs = {"path": "/etc/sparkinfra/nccl.env", "content": "A=1\n", "mode": "600", **kwargs}
+    with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
+        commands = list(operations.file_content._inner(**kwargs))
+    return commands, host.noops
+
+
+def test_file_content_the_same_is_a_noop():
+    assert file_content([file_state()]) == ([], ["/etc/sparkinfra/nccl.env holds the wanted content"])
+
+
+def test_file_content_the_same_with_another_mode_or_owner_fixes_only_that():
+    commands, _ = file_content([file_state(mode="644")])
+    assert [rendered(c) for c in commands] == ["chmod 600 /etc/sparkinfra/nccl.env"]
+    commands, _ = file_content([file_state(user="spark", group="spark")])
+    assert [rendered(c) for c in commands] == ["chown root:root /etc/sparkinfra/nccl.env"]
+
+
+@pytest.mark.parametrize("now", [file_state(content="A=2\n"), file_state(kind="absent")])
+def test_file_content_that_differs_or_is_missing_is_uploaded_then_owned(now):
+    from pyinfra.api import FileUploadCommand
+
+    commands, noops = file_content([now])
+    upload, *rest = commands
+    assert isinstance(upload, FileUploadCommand) and upload.dest == "/etc/sparkinfra/nccl.env"
+    assert upload.src.read() == "A=1\n"
+    assert [rendered(c) for c in rest] == ["chown root:root /etc/sparkinfra/nccl.env", "chmod 600 /etc/sparkinfra/nccl.env"]
+    assert noops == []
+
+
+def test_file_content_makes_a_missing_folder_first():
+    commands, _ = file_content([file_state(kind="absent", parent=False)])
+    assert rendered(commands[0]) == "mkdir -p /etc/sparkinfra"
+
+
+def test_file_content_from_a_controller_file_compares_its_bytes(tmp_path):
+    from pyinfra.api import FileUploadCommand
+
+    lib = tmp_path / "libnccl.so.2"
+    lib.write_bytes(b"A=1\n")  # the same bytes the node holds
+    assert file_content([file_state()], content=None, src=str(lib))[0] == []
+    lib.write_bytes(b"\x7fELF")
+    commands, _ = file_content([file_state()], content=None, src=str(lib))
+    assert isinstance(commands[0], FileUploadCommand) and commands[0].src == str(lib)
+
+
+def test_file_content_refuses_what_is_not_a_file():
+    with pytest.raises(OperationError, match="/etc/sparkinfra/nccl.env is not a regular file"):
+        file_content([file_state(kind="other")], stage="prepare")
+    commands, _ = file_content([file_state(kind="other")])
+    assert len(commands) == 1 and "is not a regular file" in rendered(commands[0]) and "exit 1" in rendered(commands[0])
