@@ -7,15 +7,18 @@ Converges ``deploys/prepare.py`` + ``deploys/stage.py`` (one pyinfra run) once o
 times no-op runs (median of 5) of the same deploys on the pair (``inventory/sim.py``: spark-1, spark-2) and on the 8
 nodes (``inventory/sim8.py``). Targets: pair <= 3 s, 8 nodes <= 1.3x the pair. All nodes and the
 controller share this machine's cores, so each figure comes with how busy they were: a run that
-keeps them all busy measures the machine, not the tool's parallelism.
+keeps them all busy measures the machine, not the tool's parallelism. Then the commands each node ran
+in one more no-op run (from pyinfra's debug log): the same per node on 2 and on 8 nodes.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +34,27 @@ def converge(inventory: str, *extra: str) -> tuple[float, float]:
     """One pyinfra run of both deploys: (wall seconds, share of this machine's CPUs busy meanwhile)."""
     busy0, total0 = _cpu_ticks()
     started = time.monotonic()
-    subprocess.run(  # one connection and one fact pass per host
-        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y",
-         inventory, *DEPLOYS, *extra],
-        cwd=ROOT, check=True, capture_output=True, stdin=subprocess.DEVNULL, env=bed.controller_env(),
-    )
+    _pyinfra(inventory, *extra)
     wall = time.monotonic() - started
     busy1, total1 = _cpu_ticks()
     return wall, (busy1 - busy0) / max(total1 - total0, 1)
+
+
+def _pyinfra(inventory: str, *extra: str) -> str:
+    """One pyinfra run of both deploys (one connection and one fact pass per host): its output."""
+    return subprocess.run(
+        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y",
+         inventory, *DEPLOYS, *extra],
+        cwd=ROOT, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL, env=bed.controller_env(),
+    ).stdout
+
+
+def commands_per_host(inventory: str, *extra: str) -> dict[str, int]:
+    """Commands each host ran in one (untimed) no-op run, counted from pyinfra's debug log: what
+    a node costs, whatever the cluster's size."""
+    log = _pyinfra(inventory, *extra, "--debug")
+    return dict(sorted(Counter(re.findall(r"Running command on (\S+):", log)).items()))
 
 
 def _cpu_ticks() -> tuple[int, int]:
@@ -61,12 +77,16 @@ def main() -> int:
     try:
         converge("inventory/sim8.py")  # the first, changing run
         pair, pair_cpu = timed("inventory/sim.py", *PAIR_DATA)
+        pair_commands = commands_per_host("inventory/sim.py", *PAIR_DATA)  # still warm: a no-op
         oct_, oct_cpu = timed("inventory/sim8.py")
+        oct_commands = commands_per_host("inventory/sim8.py")
     finally:
         bed.down()
     cpus = os.cpu_count()
     print(f"no-op converge (prepare + stage), pair:    {pair:6.2f} s  ({pair_cpu:4.0%} of {cpus} CPUs busy)")
     print(f"no-op converge (prepare + stage), 8 nodes: {oct_:6.2f} s  ({oct_cpu:4.0%} of {cpus} CPUs busy)")
+    print(f"commands per node, pair:    {' '.join(f'{h} {n}' for h, n in pair_commands.items())}")
+    print(f"commands per node, 8 nodes: {' '.join(f'{h} {n}' for h, n in oct_commands.items())}")
     print(f"8 nodes / pair = {oct_ / pair:.2f}")
     return 0
 

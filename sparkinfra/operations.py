@@ -427,21 +427,8 @@ def image_on_workers(image: str, workers: list):
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")
         return
-    img = shlex.quote(image)
-    lines = ["rc=0"]
-    for w, ipaddr in behind:
-        lines.append(
-            f"(docker save {img} | {stage.MESH_SSH} {ipaddr} 'sudo -n docker load -q' >/dev/null) "
-            f"& pids=\"${{pids:-}} $!\""
-        )
-    lines.append("for p in $pids; do wait $p || rc=1; done")
-    for w, ipaddr in behind:
-        lines.append(
-            f"got=$({stage.MESH_SSH} {ipaddr} \"sudo -n docker image inspect --format '{{{{.Id}}}}' {img}\" 2>/dev/null); "
-            f"[ \"$got\" = {head_id} ] || {{ echo \"{w.name}: {image} is ${{got:-missing}}, the head has {head_id}\" >&2; rc=1; }}"
-        )
-    lines.append("exit $rc")
-    yield StringCommand("bash", "-c", QuoteString("\n".join(lines)))
+    script = stage.image_fanout_script(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind])
+    yield StringCommand("bash", "-c", QuoteString(script))
 
 
 @operation()

@@ -129,3 +129,33 @@ def run_remote(script: str) -> str:
     """A command line that runs ``script`` with ``sh`` as root on the far side of an ssh hop."""
     blob = base64.b64encode(script.encode()).decode()
     return f"echo {blob} | base64 -d | sudo -n sh"
+
+
+def image_fanout_script(image: str, head_id: str, workers: list[tuple[str, str]]) -> str:
+    """
+    Shell run as root (bash) on the head: one ``docker save`` of ``image``, teed to a ``docker
+    load`` on each worker through the SSH mesh, all at once (the head reads and packs the image
+    once, however many workers receive it); then each worker's image ID, checked against the head's.
+    A worker that fails to load does not stop the others; it ends the script with an error
+    naming both IDs.
+
+    + workers: ``(name, fabric IP)`` of each worker whose ID differs
+    """
+    q = shlex.quote
+    lines = ["set -u -o pipefail; rc=0; pids=; fifos=$(mktemp -d); trap 'rm -rf \"$fifos\"' EXIT"]
+    for i, (_, ipaddr) in enumerate(workers):
+        lines.append(
+            f"mkfifo \"$fifos/{i}\"; {MESH_SSH} {ipaddr} 'sudo -n docker load -q' < \"$fifos/{i}\" >/dev/null "
+            "& pids=\"$pids $!\""
+        )
+    outputs = " ".join(f'"$fifos/{i}"' for i in range(len(workers)))
+    # -p: a worker whose load ends early does not cut the stream to the others.
+    lines.append(f"docker save {q(image)} | tee -p {outputs} >/dev/null || rc=1")
+    lines.append("for p in $pids; do wait $p || rc=1; done")
+    for name, ipaddr in workers:
+        lines.append(
+            f"got=$({MESH_SSH} {ipaddr} \"sudo -n docker image inspect --format '{{{{.Id}}}}' {q(image)}\" 2>/dev/null); "
+            f"[ \"$got\" = {q(head_id)} ] || {{ echo \"{name}: {image} is ${{got:-missing}}, the head has {head_id}\" >&2; rc=1; }}"
+        )
+    lines.append("exit $rc")
+    return "\n".join(lines)

@@ -920,3 +920,56 @@ def test_progress_lets_go_of_the_output_when_the_script_ends(tmp_path):
     proc = run_progress(tmp_path, 30, "sleep 1")  # the loop is asleep when the script ends
     readable, _, _ = select.select([proc.stdout], [], [], 5)
     assert readable and proc.stdout.read() == "", "the progress loop still holds the output open"
+
+
+# image_fanout_script: one docker save, teed to every worker's docker load (run with stand-ins
+# for docker and ssh: the workers' loads write what they received, their inspect reports an ID
+# only for a complete image)
+
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+def fanout(tmp_path, workers, broken=()):
+    bin_dir, seen = tmp_path / "bin", tmp_path / "seen"
+    bin_dir.mkdir()
+    seen.mkdir()
+    payload = tmp_path / "image.tar"
+    payload.write_bytes(os.urandom(3 << 20))  # more than a pipe buffer: the stream must flow to all
+    (bin_dir / "docker").write_text(
+        f"#!/bin/sh\n[ \"$1\" = save ] || exit 2\necho save >> {seen}/saves\ncat {payload}\n"
+    )
+    (bin_dir / "ssh").write_text(
+        "#!/bin/sh\n"
+        "while [ \"$1\" = -o ]; do shift 2; done\n"
+        "ip=$1; shift\n"
+        f"case \" {' '.join(broken)} \" in *\" $ip \"*) exit 255;; esac\n"
+        "case \"$*\" in\n"
+        f"  *'docker load'*) cat > {seen}/$ip;;\n"
+        f"  *'image inspect'*) cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
+        "  *) exit 2;;\n"
+        "esac\n"
+    )
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    script = stage.image_fanout_script("vllm-node:26.03", IMAGE_ID, workers)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    return proc, seen, payload
+
+
+def test_image_fanout_packs_once_and_every_worker_gets_all_of_it(tmp_path):
+    workers = [(f"spark-{i}", f"10.213.1.{i}") for i in range(2, 9)]
+    proc, seen, payload = fanout(tmp_path, workers)
+    assert proc.returncode == 0, proc.stderr
+    assert (seen / "saves").read_text() == "save\n"  # the head packs the image once, not once per worker
+    for _, ipaddr in workers:
+        assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
+
+
+def test_image_fanout_a_failing_worker_does_not_stop_the_others_and_is_named(tmp_path):
+    workers = [("spark-2", "10.213.1.2"), ("spark-3", "10.213.1.3"), ("spark-4", "10.213.1.4")]
+    proc, seen, payload = fanout(tmp_path, workers, broken=("10.213.1.3",))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == f"spark-3: vllm-node:26.03 is missing, the head has {IMAGE_ID}"
+    for ipaddr in ("10.213.1.2", "10.213.1.4"):
+        assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
