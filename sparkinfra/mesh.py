@@ -4,7 +4,6 @@ The head's SSH mesh over the fabric: its own key, each worker's user and host ke
 
 from __future__ import annotations
 
-
 from pyinfra.facts.files import FileContents
 
 from .facts import gathered_each

@@ -5,7 +5,6 @@ fact says the state differs.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -16,7 +15,7 @@ from pathlib import Path
 from pyinfra import context, host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.state import StateStage
-from pyinfra.api.util import get_template
+from pyinfra.api.util import get_file_sha1, get_template
 from pyinfra.facts.files import Directory, File, FileContents, Sha256File
 from pyinfra.facts.server import Home
 from pyinfra.operations import files, systemd
@@ -67,11 +66,8 @@ def file_content(path: str, content: str | None = None, src: str | None = None,
     if now["kind"] == "other":
         yield from _refuse(f"{host.name}: {path} is not a regular file; remove it, sparkinfra writes a file there")
         return
-    if src is not None:
-        with open(src, "rb") as f:
-            wanted_sha1 = hashlib.file_digest(f, "sha1").hexdigest()
-    else:
-        wanted_sha1 = hashlib.sha1(content.encode()).hexdigest()
+    # pyinfra's own digest: a controller file is hashed once per run, not once per host.
+    wanted_sha1 = get_file_sha1(src if src is not None else io.StringIO(content))
     if now["kind"] == "file" and now["sha1"] == wanted_sha1:
         if now["user"] != user or now["group"] != group:
             yield chown(path, user, group)
@@ -81,7 +77,7 @@ def file_content(path: str, content: str | None = None, src: str | None = None,
         return
     if context.state.config.DIFF and src is None:
         before = (host.get_fact(FileContents, path=path) or []) if now["kind"] == "file" else []
-        host.log(f"Will {'modify' if before or now['kind'] == 'file' else 'create'} {path}", logger.info)
+        host.log(f"Will {'modify' if now['kind'] == 'file' else 'create'} {path}", logger.info)
         for line in generate_color_diff([line + "\n" for line in before], content.splitlines(keepends=True)):
             logger.info("  %s", line)
         logger.info("")

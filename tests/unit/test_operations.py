@@ -204,12 +204,13 @@ def test_file_content_makes_a_missing_folder_first():
 def test_file_content_from_a_controller_file_compares_its_bytes(tmp_path):
     from pyinfra.api import FileUploadCommand
 
-    lib = tmp_path / "libnccl.so.2"
-    lib.write_bytes(b"A=1\n")  # the same bytes the node holds
-    assert file_content([file_state()], content=None, src=str(lib))[0] == []
-    lib.write_bytes(b"\x7fELF")
-    commands, _ = file_content([file_state()], content=None, src=str(lib))
-    assert isinstance(commands[0], FileUploadCommand) and commands[0].src == str(lib)
+    same, other = tmp_path / "same" / "libnccl.so.2", tmp_path / "other" / "libnccl.so.2"
+    for lib, data in ((same, b"A=1\n"), (other, b"\x7fELF")):  # (pyinfra caches a file's digest by path)
+        lib.parent.mkdir()
+        lib.write_bytes(data)
+    assert file_content([file_state()], content=None, src=str(same))[0] == []  # the bytes the node holds
+    commands, _ = file_content([file_state()], content=None, src=str(other))
+    assert isinstance(commands[0], FileUploadCommand) and commands[0].src == str(other)
 
 
 def test_file_content_refuses_what_is_not_a_file():
