@@ -8,21 +8,25 @@ node (rank 0 serves the API, the others run headless), no other lane running, re
 from pyinfra import host, inventory, state
 from pyinfra.operations import systemd
 
-from sparkinfra import lanes, lock, operations, serving, settings, ssh
+from sparkinfra import facts, lanes, lock, operations, reads, serving, settings, ssh
 
 ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
 cluster = settings.current().cluster_of(host.name)
 config = cluster.config
 is_head = host.name == cluster.head.name
+lane = lanes.find_lane(config.lane) if config.lane else None
+start = is_head and host.data.get("lane_start", True)  # deploys/tune.py places the lane only
+facts.read_ahead(host, reads.lane_reads(  # one command, not one per fact
+    cluster, host.name, lane.name if lane else "", (lane and lane.image) or config.image, start,
+))
 
 operations.other_lanes_stopped(
     name=f"No lane but {config.lane or '(none)'} runs on this node",
     lane=config.lane,
 )
 
-if config.lane:
-    lane = lanes.find_lane(config.lane)
+if lane:
     if is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
         lanes.refuse_invalid(lane, cluster)
     plans = serving.rank_plans(lane, cluster)
@@ -75,11 +79,10 @@ if config.lane:
             request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
             docker_options=mine.plan["docker_options"],
         )
-    if is_head and host.data.get("lane_start", True):  # deploys/tune.py places the lane only
-        systemd.service(
+    if start:
+        operations.service_enabled(  # starting is lane_running's: once, all ranks, workers first
             name=f"Lane {name} starts with the head at boot",
             service=serving.unit_name(name),
-            running=None,  # starting is lane_running's: once, all ranks, workers first
             enabled=True,
         )
         operations.lane_running(

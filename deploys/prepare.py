@@ -7,10 +7,9 @@ over the fabric, no stale lane container.
 """
 
 from pyinfra import host, inventory, state
-from pyinfra.operations import files
 
-from sparkinfra import lock, operations, settings, ssh
-from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS, mesh_config, mesh_known_hosts
+from sparkinfra import facts, lock, operations, reads, settings, ssh
+from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS, mesh_config
 from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
 ssh.prompt_replies(state)  # no delayed-ACK wait on each command
@@ -20,6 +19,7 @@ node = cluster.node(host.name)
 fabric = cluster.fabric
 config = cluster.config
 address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
+facts.read_ahead(host, reads.prepare_reads(cluster, host.name))  # one command, not one per fact
 
 operations.fabric_link(
     name=f"Fabric port {fabric.interface} is up with MTU {fabric.mtu}",
@@ -76,13 +76,12 @@ else:
         from_ip=str(cluster.head.fabric_ip),
     )
 if node == cluster.head and cluster.workers:
-    operations.file_content(
+    operations.known_hosts(
         name=f"Head knows the workers' host keys in {MESH_KNOWN_HOSTS}",
         path=MESH_KNOWN_HOSTS,
-        content=mesh_known_hosts(cluster, inventory),
-        mode="600",
+        workers=[(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers],
     )
-    files.block(
+    operations.text_block(
         name="Head's SSH config maps each worker's fabric IP to its user",
         path=MESH_CONFIG,
         content=mesh_config(cluster),

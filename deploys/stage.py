@@ -6,7 +6,7 @@ One image ID and one verified model snapshot on every node, moved head -> worker
 
 from pyinfra import host, inventory, state
 
-from sparkinfra import lock, operations, settings, ssh, stage
+from sparkinfra import facts, lock, operations, reads, settings, ssh, stage
 
 ssh.prompt_replies(state)  # no delayed-ACK wait on each command
 lock.hold(state, inventory, settings.current())  # one converge at a time
@@ -14,6 +14,7 @@ cluster = settings.current().cluster_of(host.name)
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
 deep = config.stage_verify == "deep"
+facts.read_ahead(host, reads.stage_reads(cluster, host.name))  # one command, not one per fact
 
 if host.name == cluster.head.name:
     operations.image_present(

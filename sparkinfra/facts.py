@@ -5,6 +5,8 @@ Facts: what a node's state is now, read from the node itself.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import weakref
 
 import gevent
@@ -13,6 +15,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 _gathered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {key: AsyncResult}
+_ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {host name: {read: (cls, kwargs)}}
+_ALONE = object()  # a read the batch could not answer: read it in a command of its own
 
 
 def gathered(host, cls, **kwargs):
@@ -30,7 +34,13 @@ def gathered(host, cls, **kwargs):
     """
     state = host.state
     cache = _gathered.setdefault(state, {})
-    key = (host.name, cls, repr(sorted(kwargs.items())), state.current_stage, _generation(state))
+    generation = _generation(state)
+    read = (cls, repr(sorted(kwargs.items())))
+    key = (host.name, *read, state.current_stage, generation)
+    if key not in cache and generation == 0:
+        ahead = _ahead.get(state, {}).get(host.name, {})
+        if read in ahead and (host.name, _ALONE, state.current_stage) not in cache:
+            _read_together(host, ahead, cache, state.current_stage)
     if key not in cache:
         cache[key] = result = AsyncResult()
         try:
@@ -39,7 +49,61 @@ def gathered(host, cls, **kwargs):
             del cache[key]
             result.set_exception(e)
             raise
-    return cache[key].get()
+    value = cache[key].get()
+    return gathered(host, cls, **kwargs) if value is _ALONE else value
+
+
+def read_ahead(host, reads) -> None:
+    """
+    Declares the facts ``host``'s operations will read through ``gathered`` in this run: the first
+    of them read before any operation has run a command reads them all in one command (one SSH
+    session, one sudo on the node) rather than one command each. A fact missing from the list,
+    read later in the run, or that fails in the batch (its command missing, an error) is read
+    in a command of its own, exactly as without this. Only cheap reads belong here.
+
+    .. code:: python
+
+        read_ahead(host, [(FabricLink, {"interface": "enp1s0f0np0"}), (NetworkConfigBackend, {})])
+    """
+    ahead = _ahead.setdefault(host.state, {}).setdefault(host.name, {})
+    for cls, kwargs in reads:
+        ahead[(cls, repr(sorted(kwargs.items())))] = (cls, kwargs)
+
+
+def _read_together(host, ahead: dict, cache: dict, stage) -> None:
+    """Reads every fact of ``ahead`` not read yet for ``stage`` with one ``Together`` command."""
+    cache[(host.name, _ALONE, stage)] = True  # the first miss in this stage starts no other
+    pending = {}
+    for read, (cls, kwargs) in ahead.items():
+        key = (host.name, *read, stage, 0)
+        if key not in cache and _batchable(cls):
+            cache[key] = AsyncResult()
+            pending[key] = (cls, kwargs)
+    if not pending:
+        return
+    reads = tuple((cls(), kwargs) for cls, kwargs in pending.values())  # one instance runs and reads
+    parts = None
+    try:
+        parts = host.get_fact(Together, reads=reads)
+    except Exception:  # each read on its own says what is wrong
+        pass
+    finally:  # whatever happened, no one waits for ever
+        for i, (key, (fact, _)) in enumerate(zip(pending, reads)):
+            value = _ALONE
+            if parts and i < len(parts) and parts[i][0] == 0:
+                try:
+                    value = fact.process(parts[i][1]) if parts[i][1] else fact.default()
+                except Exception:
+                    value = _ALONE
+            result = cache[key]
+            if value is _ALONE:  # whoever waits on it reads it alone, in a fresh entry
+                del cache[key]
+            result.set(value)
+
+
+def _batchable(cls) -> bool:
+    """A fact ``Together`` can run as pyinfra would: in ``sh``, with no check of its own first."""
+    return not cls.shell_executable and cls.check_preconditions is FactBase.check_preconditions
 
 
 def gathered_each(hosts, cls, **kwargs) -> list:
@@ -59,16 +123,23 @@ def at_once(calls: list) -> list:
     Runs each ``(host, function, *args, kwargs)`` call in its own greenlet, with pyinfra's
     context set to that host as when it loads a deploy; returns the results in order.
     """
-    from pyinfra.context import ctx_config, ctx_host, ctx_state
-
-    def one(h, function, *args):
-        *args, kwargs = args
-        with ctx_state.use(h.state), ctx_config.use(h.state.config), ctx_host.use(h):
-            return function(*args, **kwargs)
-
-    jobs = [gevent.spawn(one, *call) for call in calls]
+    jobs = [gevent.spawn(_as_host, h, function, *args, **kwargs) for h, function, *args, kwargs in calls]
     gevent.joinall(jobs, raise_error=True)
     return [job.value for job in jobs]
+
+
+def unproxied(obj):
+    """The object behind pyinfra's context proxy (``from pyinfra import host, state``): the proxy
+    means nothing in a greenlet of one's own."""
+    return obj._get_module() if hasattr(obj, "_get_module") else obj
+
+
+def _as_host(h, function, *args, **kwargs):
+    """``function(*args, **kwargs)`` with pyinfra's context set to host ``h``."""
+    from pyinfra.context import ctx_config, ctx_host, ctx_state
+
+    with ctx_state.use(h.state), ctx_config.use(h.state.config), ctx_host.use(h):
+        return function(*args, **kwargs)
 
 
 def _generation(state) -> int:
@@ -265,7 +336,7 @@ class NcclVersion(FactBase):
             " assert lib.ncclGetVersion(ctypes.byref(v))==0; print(v.value)\n"
             "except Exception as e: print('error', e)\n"
         )
-        return StringCommand("python3", "-c", QuoteString(probe), QuoteString(path))
+        return StringCommand("python3", "-I", "-S", "-c", QuoteString(probe), QuoteString(path))
 
     @override
     def process(self, output):
@@ -294,7 +365,9 @@ class DockerContainer(FactBase):
     @override
     def command(self, container: str) -> StringCommand:
         return StringCommand(
-            "docker", "inspect", "--format", QuoteString("{{.State.Status}} {{.State.Running}}"),
+            # container inspect: a plain ``inspect`` of a missing name goes on to look for an image,
+            # network, volume... of that name, one API call each
+            "docker", "container", "inspect", "--format", QuoteString("{{.State.Status}} {{.State.Running}}"),
             QuoteString(container), "2>/dev/null", "||", "true",
         )
 
@@ -329,7 +402,7 @@ class DockerImageId(FactBase):
 def _snapshot_tool_command(*args: str) -> StringCommand:
     from .stage import tool_source
 
-    return StringCommand("python3", "-c", QuoteString(tool_source()), *(QuoteString(a) for a in args))
+    return StringCommand("python3", "-I", "-S", "-c", QuoteString(tool_source()), *(QuoteString(a) for a in args))
 
 
 class SnapshotManifest(FactBase):
@@ -506,3 +579,99 @@ def parse_file_state(lines) -> dict:
     elif head[:1] == ["file"] and len(head) == 4 and len(lines) >= 3:
         state.update(kind="file", mode=head[1], user=head[2], group=head[3], sha1=lines[1].split()[0])
     return state
+
+
+class Together(FactBase):
+    """
+    Returns the outputs of several facts' commands run in one command, each with its exit
+    status, in order: ``[(0, ["line", …]), (127, [])]``; ``None`` if the output is cut short.
+    A fact whose ``requires_command`` is missing exits 127. Used by ``read_ahead``.
+
+    + reads: ``(fact, kwargs)`` pairs; read each output with the same fact instance (pyinfra's
+      ``FileContents`` keeps what its command printed for a missing file)
+    """
+
+    @override
+    def command(self, reads: tuple) -> StringCommand:
+        nonce = secrets.token_hex(8)  # no fact's output holds it: it marks where each ends
+        parts = []
+        for i, (fact, kwargs) in enumerate(reads):
+            command = _fact_command(fact.command, kwargs)
+            requires = _fact_command(fact.requires_command, kwargs)
+            end = f"echo {nonce} {i} $?"
+            if requires:
+                parts.append(StringCommand(f"if command -v {requires} >/dev/null 2>&1; then (", command,
+                                           f"); else (exit 127); fi; {end}", _separator="\n"))
+            else:
+                parts.append(StringCommand("(", command, f"); {end}", _separator="\n"))
+        return StringCommand(*parts, _separator="\n")
+
+    @override
+    def process(self, output):
+        return split_together(output)
+
+
+def split_together(lines) -> list | None:
+    """``Together``'s output as ``[(status, lines), …]`` (see there)."""
+    last = re.fullmatch(r".*?([0-9a-f]{16}) \d+ \d+", lines[-1]) if lines else None
+    if not last:
+        return None
+    nonce, parts, current = last.group(1), [], []
+    for line in lines:
+        before, found, after = line.rpartition(nonce)
+        end = re.fullmatch(r" (\d+) (\d+)", after) if found else None
+        if end and int(end.group(1)) == len(parts):
+            if before:  # the fact's last line had no newline
+                current.append(before)
+            parts.append((int(end.group(2)), current))
+            current = []
+        else:
+            current.append(line)
+    return parts
+
+
+def _fact_command(attribute, kwargs: dict):
+    """A fact's ``command`` or ``requires_command``, called with ``kwargs`` when it is a method."""
+    return attribute(**kwargs) if callable(attribute) else attribute
+
+
+class AuthorizedKeys(FactBase):
+    """
+    Returns what ``ssh_key_authorized`` checks, in one command (pyinfra's ``Home``,
+    ``Directory``, ``FindInFile`` and ``File`` would be four): ``user``'s home, the kind, owner,
+    group and mode of ``~/.ssh`` and ``~/.ssh/authorized_keys``, and that file's lines.
+
+    .. code:: python
+
+        {"home": "/home/ubuntu", "ssh_dir": ["directory", "ubuntu", "ubuntu", "700"],
+         "file": ["file", "ubuntu", "ubuntu", "600"], "lines": ["from=\"10.0.0.1\" ssh-ed25519 …"]}
+
+    A kind is ``directory``, ``file``, ``absent`` or ``other``. ``None`` if ``user`` has no home.
+
+    + user: the user whose keys these are
+    """
+
+    @override
+    def command(self, user: str) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(
+            'h=$(getent passwd "$1" | cut -d: -f6); [ -n "$h" ] || exit 0; echo "$h"; '
+            'for p in "$h/.ssh" "$h/.ssh/authorized_keys"; do '
+            'if [ -L "$p" ]; then echo other; '
+            'elif [ -d "$p" ]; then stat -c "directory %U %G %a" -- "$p"; '
+            'elif [ -f "$p" ]; then stat -c "file %U %G %a" -- "$p"; '
+            'elif [ -e "$p" ]; then echo other; else echo absent; fi; done; '
+            'cat -- "$h/.ssh/authorized_keys" 2>/dev/null || true'
+        ), "-", QuoteString(user))
+
+    @override
+    def process(self, output):
+        return parse_authorized_keys(output)
+
+
+def parse_authorized_keys(lines) -> dict | None:
+    """``AuthorizedKeys``' output as a dict (see there)."""
+    if len(lines) < 3:
+        return None
+    ssh_dir, file = (line.split() if len(line.split()) == 4 else [line.strip(), None, None, None]
+                     for line in lines[1:3])
+    return {"home": lines[0], "ssh_dir": ssh_dir, "file": file, "lines": [line for line in lines[3:] if line.strip()]}

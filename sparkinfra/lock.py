@@ -26,6 +26,8 @@ from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
+from .facts import unproxied
+
 LOCK = "/run/sparkinfra/converge.lock"
 HOLDER = "/run/sparkinfra/converge.holder"
 
@@ -86,7 +88,7 @@ def _open(host, holder: str):
 
 def hold(state: State, inventory, settings) -> None:
     """Take the converge lock on every cluster head of this run (once per run)."""
-    state = state._get_module() if hasattr(state, "_get_module") else state  # pyinfra's context proxy
+    state = unproxied(state)
     if id(state) in _held:
         return
     held: dict[str, object] = {}
@@ -125,7 +127,7 @@ def hold(state: State, inventory, settings) -> None:
 
 def release(state: State) -> None:
     """Release every lock of this run (a normal end: the holder record goes too)."""
-    state = state._get_module() if hasattr(state, "_get_module") else state
+    state = unproxied(state)
     for channel in _held.get(id(state), {}).values():
         try:
             channel.sendall(b"release\n")

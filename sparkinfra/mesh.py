@@ -4,9 +4,6 @@ The head's SSH mesh over the fabric: its own key, each worker's user and host ke
 
 from __future__ import annotations
 
-from pyinfra.facts.files import FileContents
-
-from .facts import gathered_each
 from .settings import Cluster
 
 MESH_KEY = "/root/.ssh/sparkinfra_fabric"
@@ -30,16 +27,3 @@ def mesh_config(cluster: Cluster) -> str:
             f"    BatchMode yes"
         )
     return "\n".join(blocks)
-
-
-def mesh_known_hosts(cluster: Cluster, inventory) -> str:
-    """Each worker's ed25519 host key, under its fabric IP (read from the worker itself)."""
-    lines = []
-    contents = gathered_each([inventory.get_host(w.name) for w in cluster.workers], FileContents, path=HOST_KEY)
-    for worker, content in zip(cluster.workers, contents):
-        content = content or []
-        key = " ".join(" ".join(content).split()[:2])
-        if not key:
-            raise RuntimeError(f"{worker.name}: no SSH host key at {HOST_KEY}")
-        lines.append(f"{worker.fabric_ip} {key}\n")
-    return "".join(lines)

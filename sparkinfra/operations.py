@@ -16,13 +16,15 @@ from pyinfra import context, host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.state import StateStage
 from pyinfra.api.util import get_file_sha1, get_template
-from pyinfra.facts.files import Directory, File, FileContents, Sha256File
+from pyinfra.facts.files import Block, Directory, File, FileContents, Sha256File
 from pyinfra.facts.server import Home
-from pyinfra.operations import files, systemd
+from pyinfra.facts.systemd import SystemdEnabled
+from pyinfra.operations import files
 from pyinfra.operations.util.files import chmod, chown, generate_color_diff
 
 from . import serving, stage
 from .facts import (
+    AuthorizedKeys,
     DockerContainer,
     DockerImageId,
     FabricLink,
@@ -39,6 +41,10 @@ from .facts import (
     gathered_each,
     roce_v2_index,
 )
+from .mesh import HOST_KEY
+
+FABRIC_NETPLAN = "/etc/netplan/60-sparkinfra-fabric.yaml"  # where netplan is installed (DGX OS)
+FABRIC_UNIT = "sparkinfra-fabric.service"  # elsewhere
 
 
 def render(template: str, **values) -> str:
@@ -87,6 +93,23 @@ def file_content(path: str, content: str | None = None, src: str | None = None,
     yield FileUploadCommand(source, path, remote_temp_filename=host.get_temp_filename(path))
     yield chown(path, user, group)
     yield chmod(path, mode)
+
+
+@operation()
+def text_block(path: str, content: str, marker: str):
+    """
+    Ensure ``path`` holds ``content`` between ``marker``'s BEGIN and END lines, the rest of the
+    file as it is: pyinfra's ``files.block``, called only when the block differs (it reads its
+    fact twice and warns that it is beta on every run).
+
+    + path: the file
+    + content: the block's lines
+    + marker: the markers' text, ``{mark}`` standing for BEGIN or END
+    """
+    if gathered(host, Block, path=path, marker=marker, begin=None, end=None) == content.split("\n"):
+        host.noop(f"{path} holds the block")
+        return
+    yield from files.block._inner(path=path, content=content, marker=marker)
 
 
 def _link(interface: str) -> dict:
@@ -164,6 +187,21 @@ def _refuse(message: str):
 
 
 @operation()
+def service_enabled(service: str, enabled: bool = True):
+    """
+    Ensure a systemd unit is enabled (starts at boot) or not; nothing is started or stopped now.
+    One fact (``SystemdEnabled``); pyinfra's ``systemd.service`` also reads ``SystemdStatus``.
+
+    + service: the unit, ``sparkinfra-fabric.service``
+    + enabled: whether it starts at boot
+    """
+    if bool(gathered(host, SystemdEnabled, services=service).get(service)) == enabled:
+        host.noop(f"{service} is {'enabled' if enabled else 'disabled'}")
+        return
+    yield StringCommand("systemctl", "enable" if enabled else "disable", QuoteString(service))
+
+
+@operation()
 def fabric_persisted(interface: str, address: str, mtu: int, present: bool = True):
     """
     Ensure the fabric address and MTU come back at boot: a netplan file where netplan is
@@ -176,7 +214,7 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
     + present: whether the boot-time config must exist
     """
     if gathered(host, NetworkConfigBackend) == "netplan":
-        dest = "/etc/netplan/60-sparkinfra-fabric.yaml"
+        dest = FABRIC_NETPLAN
         if not present:
             yield from files.file._inner(path=dest, present=False)
             return
@@ -185,10 +223,10 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
             content=render("etc/netplan/60-sparkinfra-fabric.yaml.j2", interface=interface, address=address, mtu=mtu),
         )
         return
-    unit = "sparkinfra-fabric.service"
+    unit = FABRIC_UNIT
     dest = f"/etc/systemd/system/{unit}"
     if not present:
-        yield from systemd.service._inner(service=unit, running=None, enabled=False)
+        yield from service_enabled._inner(service=unit, enabled=False)
         yield from files.file._inner(path=dest, present=False)
         return
     changed = False
@@ -198,7 +236,9 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
     ):
         changed = True
         yield command
-    yield from systemd.service._inner(service=unit, running=None, enabled=True, daemon_reload=changed)
+    if changed:
+        yield StringCommand("systemctl", "daemon-reload")
+    yield from service_enabled._inner(service=unit, enabled=True)
 
 
 @operation()
@@ -258,14 +298,18 @@ def nccl_pinned(path: str, version: str, upload: str = ""):
     + version: what ``ncclGetVersion`` must report, ``2.30.7``
     + upload: a controller file to place at ``path`` first; empty: it must already be there
     """
+    uploaded = False
     if upload:
-        yield from file_content._inner(path=path, src=upload, mode="644")
+        for command in file_content._inner(path=path, src=upload, mode="644"):
+            uploaded = True
+            yield command
     elif not gathered(host, File, path=path):
         yield from _refuse(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
         return
     if _preparing():
         return
-    found = host.get_fact(NcclVersion, path=path)  # after the upload above: read afresh, never cached
+    # After an upload above, read afresh (gathered() is for reads before an operation yields).
+    found = host.get_fact(NcclVersion, path=path) if uploaded else gathered(host, NcclVersion, path=path)
     if found != version:
         yield from _refuse(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
         return
@@ -310,8 +354,14 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
             return
         yield from _refuse(f"{host.name}: no public key {key_path} on {key_host.name}")
         return
-    home = gathered(host, Home, user=user)
     line = f'from="{from_ip}" {pubkey}'
+    now = gathered(host, AuthorizedKeys, user=user) if present else None
+    if now and now["ssh_dir"] == ["directory", user, user, "700"] and now["file"] == ["file", user, user, "600"]:
+        holding = [held for held in now["lines"] if pubkey.split()[1] in held]
+        if holding and all(held == line for held in holding):
+            host.noop(f"{key_host.name}'s key is authorized for {user} from {from_ip}")
+            return
+    home = gathered(host, Home, user=user)
     # grep/sed read a basic regex: the key's base64 '+' is literal there (re.escape's '\+' is not).
     match = ".*" + re.sub(r"([\\.\[\]*^$])", r"\\\1", pubkey.split()[1]) + ".*"
     if not present:  # nothing created on the way (no .ssh folder, no empty file)
@@ -325,6 +375,26 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
         present=present,
     )
     yield from files.file._inner(path=f"{home}/.ssh/authorized_keys", user=user, group=user, mode="600")
+
+
+@operation()
+def known_hosts(path: str, workers: list):
+    """
+    Ensure the head's known_hosts for the fabric holds each worker's ed25519 host key under its
+    fabric IP, read from the worker itself when this operation runs.
+
+    + path: the known_hosts file
+    + workers: ``(pyinfra host, fabric IP)`` pairs
+    """
+    contents = gathered_each([w for w, _ in workers], FileContents, path=HOST_KEY)
+    lines = []
+    for (worker, ip), content in zip(workers, contents):
+        key = " ".join(" ".join(content or []).split()[:2])
+        if not key:
+            yield from _refuse(f"{worker.name}: no SSH host key at {HOST_KEY}")
+            return
+        lines.append(f"{ip} {key}\n")
+    yield from file_content._inner(path=path, content="".join(lines), mode="600")
 
 
 @operation()
@@ -695,7 +765,7 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     check = (Path(__file__).parent / "remote" / "vllm_check.py").read_text()
     request = json.dumps(request, sort_keys=True)
     key = hashlib.sha256(f"{image_id}\n{request}\n{check}".encode()).hexdigest()[:16]
-    marker = f"{serving.STATE_DIR}/{lane}.validated"
+    marker = serving.validated_path(lane)
     if gathered(host, FileDigest, path=marker) == key:
         host.noop(f"{lane}'s arguments passed the image's vLLM")
         return

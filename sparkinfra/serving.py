@@ -37,6 +37,11 @@ def env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.env"
 
 
+def validated_path(lane: str) -> str:
+    """The head's mark that vLLM in the lane's image accepted this lane's arguments."""
+    return f"{STATE_DIR}/{lane}.validated"
+
+
 def secret_env_path(lane: str) -> str:
     """The head's root-only env file holding ``VLLM_API_KEY`` (when the settings name a key)."""
     return f"{PLANS_DIR}/{lane}.secret.env"

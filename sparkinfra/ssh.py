@@ -8,6 +8,8 @@ import socket
 
 from pyinfra.api.state import BaseStateCallback, State
 
+from .facts import unproxied
+
 _tuned: set[int] = set()  # id() of each state already handled
 
 
@@ -21,7 +23,7 @@ def prompt_replies(state: State) -> None:
 
         ssh.prompt_replies(state)  # first line of a deploy
     """
-    state = state._get_module() if hasattr(state, "_get_module") else state  # pyinfra's context proxy
+    state = unproxied(state)
     if id(state) in _tuned:
         return
     _tuned.add(id(state))

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,13 @@ class Bed:
             ["ip", "netns", "exec", simbed.MGMT_NS, *args], cwd=ROOT, env=simbed.controller_env(),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+
+    def commands(self, inventory: str, *args: str) -> Counter:
+        """The commands each host ran in one pyinfra run (``args``: deploys, then options), read
+        from pyinfra's debug log."""
+        run = self.controller(str(BIN / "pyinfra"), "-y", "--debug", inventory, *args)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return Counter(re.findall(r"Running command on (\S+):", run.stdout + run.stderr))
 
     def converge(self, inventory: str, deploy: str, *data: str, check: bool = True) -> Converge:
         args = [str(BIN / "pyinfra"), "-y", "--json", inventory, deploy]

@@ -36,6 +36,11 @@ def test_second_converge_changes_nothing(prepared):
     assert again.changes == {h: 0 for h in HOSTS}, again.changed
 
 
+def test_a_no_op_converge_reads_each_node_in_one_command(prepared):
+    bed, _ = prepared  # every read declared in sparkinfra.reads: one Together command per node
+    assert bed.commands(INV, DEPLOY) == {h: 1 for h in HOSTS}
+
+
 def test_verify_passes(prepared):
     bed, _ = prepared
     result = bed.verify(INV, *ONLY_PREPARE)

@@ -60,6 +60,12 @@ def test_second_converge_moves_nothing(staged):
     assert moved < 64 << 10, f"{moved} bytes moved on a no-op converge"
 
 
+def test_a_no_op_prepare_and_stage_read_each_node_in_one_command(staged):
+    bed, _, _ = staged  # both deploys' reads declared in sparkinfra.reads: one Together per node
+    data = [a for item in DATA for a in ("--data", item)]
+    assert bed.commands(INV, "deploys/prepare.py", "deploys/stage.py", *data) == {"spark-1": 1, "spark-2": 1}
+
+
 def test_verify_passes_including_offline_resolution(staged):
     bed, _, _ = staged
     result = _verify(bed)

@@ -8,6 +8,7 @@ never the link-local rows 0/1, never a v1 row, never another address's row.
 
 from __future__ import annotations
 
+import grp
 import importlib.machinery
 import importlib.util
 import json
@@ -19,6 +20,7 @@ import pytest
 
 from sparkinfra.facts import (
     GID_ZERO,
+    AuthorizedKeys,
     DockerContainer,
     FabricLink,
     FileState,
@@ -26,6 +28,7 @@ from sparkinfra.facts import (
     RoceGidTable,
     gid_ipv4,
     nccl_version_from_code,
+    parse_authorized_keys,
     parse_file_state,
     parse_gid_table,
     parse_ip_addr_json,
@@ -580,3 +583,36 @@ def test_file_state_of_something_else_in_the_way(tmp_path, make):
 def test_parse_file_state_of_no_output_is_absent_without_folder():
     assert parse_file_state([]) == {
         "kind": "absent", "mode": None, "user": None, "group": None, "sha1": None, "parent": False}
+
+
+# AuthorizedKeys: what ssh_key_authorized checks, in one command (run here, on this machine's files)
+
+
+def _authorized_keys(user: str) -> dict | None:
+    command = AuthorizedKeys().command(user=user).get_raw_value()
+    lines = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
+    return AuthorizedKeys().process(lines) if lines else None
+
+
+def test_authorized_keys_of_this_machines_user():
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    ssh_dir = Path(me.pw_dir) / ".ssh"
+    found = _authorized_keys(me.pw_name)
+    assert found["home"] == me.pw_dir
+    if not ssh_dir.exists():
+        assert found["ssh_dir"][0] == "absent" and found["file"][0] == "absent" and found["lines"] == []
+    else:
+        assert found["ssh_dir"][:3] == ["directory", me.pw_name, grp.getgrgid(me.pw_gid).gr_name]
+        assert found["ssh_dir"][3] == format(ssh_dir.stat().st_mode & 0o7777, "o")
+
+
+def test_authorized_keys_of_a_user_without_home():
+    assert _authorized_keys("no-such-user-here") is None
+
+
+def test_authorized_keys_parses_kinds_and_lines():
+    found = parse_authorized_keys(["/home/s", "directory s s 700", "other", "ssh-ed25519 AAA x", "", "k2"])
+    assert found == {"home": "/home/s", "ssh_dir": ["directory", "s", "s", "700"],
+                     "file": ["other", None, None, None], "lines": ["ssh-ed25519 AAA x", "k2"]}
