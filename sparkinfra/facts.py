@@ -35,7 +35,7 @@ def gathered(host, cls, **kwargs):
     state = host.state
     cache = _gathered.setdefault(state, {})
     generation = _generation(state)
-    read = (cls, repr(sorted(kwargs.items())))
+    read = _read(cls, kwargs)
     key = (host.name, *read, state.current_stage, generation)
     if key not in cache and generation == 0:
         ahead = _ahead.get(state, {}).get(host.name, {})
@@ -67,7 +67,12 @@ def read_ahead(host, reads) -> None:
     """
     ahead = _ahead.setdefault(host.state, {}).setdefault(host.name, {})
     for cls, kwargs in reads:
-        ahead[(cls, repr(sorted(kwargs.items())))] = (cls, kwargs)
+        ahead[_read(cls, kwargs)] = (cls, kwargs)
+
+
+def _read(cls, kwargs: dict) -> tuple:
+    """A fact and its arguments as one key: ``gathered``'s cache and ``read_ahead``'s list agree on it."""
+    return cls, repr(sorted(kwargs.items()))
 
 
 def _read_together(host, ahead: dict, cache: dict, stage) -> None:

@@ -68,12 +68,12 @@ def stage_reads(cluster: Cluster, name: str) -> list[tuple]:
     reads = [(DockerImageId, {"image": config.image})]
     for repo, revision in stage.models(cluster):
         repo_dir = stage.repo_dir(config.model_dir, repo)
-        reads.append((SnapshotManifest, {"repo_dir": repo_dir, "deep": False}))
         if name == cluster.head.name:
-            reads += [(Directory, {"path": f"{repo_dir}/snapshots/{revision}"}),
+            reads += [(SnapshotManifest, {"repo_dir": repo_dir, "deep": False}),
+                      (Directory, {"path": f"{repo_dir}/snapshots/{revision}"}),
                       (FileContents, {"path": f"{repo_dir}/{stage.MANIFEST}"})]  # the workers read it
-        elif deep:
-            reads.pop()  # the head reads the workers' deep manifests
+        elif not deep:  # deep: the head reads the workers' manifests hashed afresh
+            reads.append((SnapshotManifest, {"repo_dir": repo_dir, "deep": False}))
     return reads
 
 
