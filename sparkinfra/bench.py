@@ -9,7 +9,7 @@ size x depth x concurrency, read back from its ``--format json`` report.
 
 ``write_results`` files a run under ``<root>/<cluster>/<lane>/<timestamp>/``: ``results.json``
 (meta + raw), ``results.md`` (the seeds' tables) and PNG plots; ``compare`` diffs two runs
-(``python -m sparkinfra.bench compare A B``).
+(``python -m sparkinfra.bench --compare A B``).
 """
 
 from __future__ import annotations
@@ -180,21 +180,22 @@ def benchy_command(
     latency_mode: str = "generation",
     book_url: str | None = None,
     coherence: bool = True,
-    program: tuple[str, ...] = ("llama-benchy",),
+    python: str = sys.executable,
+    module: str = "llama_benchy",
 ) -> list[str]:
     """
     argv for a llama-benchy sweep reporting JSON (to ``save_result`` when given, else stdout after
     its banner lines). ``tokenizer_path``: a local snapshot folder (its ``tokenizer.json`` is read,
-    nothing is downloaded). The API key is taken from the environment variable ``api_key_env`` by a
-    ``sh -c`` wrapper, so it is in no argv built or logged here (llama-benchy only takes it as
-    ``--api-key``: its own process shows it to ``ps`` on that host). llama-benchy downloads
+    nothing is downloaded). llama-benchy takes the API key only as ``--api-key``: with
+    ``api_key_env``, ``python -c`` reads it from that environment variable and appends it to
+    ``sys.argv`` inside the process before running ``module``, so it is in no process's argv
+    (``ps``, ``/proc/*/cmdline``) and in nothing built or logged here. llama-benchy downloads
     ``book_url`` once into ``~/.cache/llama-benchy/<md5 of url>.txt``; offline, seed that file.
     ``coherence=False`` skips its coherence check (meaningless for the bed's tiny random model).
     """
     base = base_url.rstrip("/")
     base = base if base.endswith("/v1") else f"{base}/v1"
     args = [
-        *program,
         "--base-url", base,
         "--model", model,
         "--tokenizer", tokenizer_path,
@@ -215,10 +216,16 @@ def benchy_command(
     if not coherence:
         args.append("--skip-coherence")
     if api_key_env is None:
-        return args
+        return [python, "-m", module, *args]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
         raise ValueError(f"not an environment variable name: {api_key_env!r}")
-    return ["sh", "-c", f'exec "$0" "$@" --api-key "${{{api_key_env}}}"', *args]
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module):
+        raise ValueError(f"not a module name: {module!r}")
+    code = (
+        f"import os, runpy, sys; sys.argv += ['--api-key', os.environ['{api_key_env}']]; "
+        f"runpy.run_module('{module}', run_name='__main__', alter_sys=True)"
+    )
+    return [python, "-c", code, *args]
 
 
 @dataclass
@@ -422,6 +429,12 @@ def render_markdown(meta: Meta, probes: list[dict], rows: list[Row]) -> str:
                 for r in sel
             ]
             out += _table(header, body, ["l", "r", "r", "r", "r"]) + [""]
+    if any(r.pp_tps is None for r in std):
+        out += [
+            "— as prefill: llama-benchy reports no prefill rate when the time to the first token was not "
+            "above its measured round-trip latency (a prompt too short to time on this engine).",
+            "",
+        ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -656,7 +669,6 @@ def sweep(job: Job, tokenizer: Path, folder: Path, log=print) -> tuple[list[Row]
         job.base_url, job.meta.model, str(tokenizer), job.pp, job.tg, job.depth, job.concurrency,
         api_key_env=job.api_key_env or None, save_result=str(report), runs=job.runs,
         served_model_name=job.served_model, book_url=seed_book(job.book), coherence=job.coherence,
-        program=(sys.executable, "-m", "llama_benchy"),
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     started = time.monotonic()
@@ -788,13 +800,13 @@ def run_from_deploy(state, host, job: Job) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparkinfra.bench", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    cmp = commands.add_parser("compare", help="compare two result folders (B against A)")
-    cmp.add_argument("a", help="results/<cluster>/<lane>/<timestamp> of the baseline")
-    cmp.add_argument("b", help="results/<cluster>/<lane>/<timestamp> to compare with it")
+    parser.add_argument(
+        "--compare", nargs=2, metavar=("A", "B"), required=True,
+        help="two results/<cluster>/<lane>/<timestamp> folders: print how B differs from A",
+    )
     args = parser.parse_args(argv)
     try:
-        print(compare(args.a, args.b), end="")
+        print(compare(*args.compare), end="")
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2

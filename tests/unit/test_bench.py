@@ -168,8 +168,8 @@ def test_benchy_command_is_accepted_by_llama_benchy(monkeypatch):
     config = pytest.importorskip("llama_benchy.config")
     argv = benchy_command("http://10.0.0.1:8000", "org/model", "/models/snap", [2048], [32, 128], [0, 8192],
                           [1, 2, 4], save_result="/tmp/out.json", runs=5, coherence=False)
-    assert argv[0] == "llama-benchy"
-    monkeypatch.setattr(sys, "argv", argv)
+    assert argv[:3] == [sys.executable, "-m", "llama_benchy"]
+    monkeypatch.setattr(sys, "argv", ["llama-benchy", *argv[3:]])
     parsed = config.BenchmarkConfig.from_args()
     assert parsed.base_url == "http://10.0.0.1:8000/v1" and parsed.model == "org/model"
     assert parsed.tokenizer == "/models/snap" and parsed.result_format == "json" and parsed.save_result == "/tmp/out.json"
@@ -178,14 +178,22 @@ def test_benchy_command_is_accepted_by_llama_benchy(monkeypatch):
     assert parsed.latency_mode == "generation" and parsed.api_key == "EMPTY"
 
 
-def test_benchy_command_takes_the_key_from_the_environment():
-    argv = benchy_command("http://h:8000/v1", "m", "/t", [128], [32], [0], [1], "BENCH_KEY", program=("printf", "%s\\n"))
-    assert argv[:2] == ["sh", "-c"] and KEY not in " ".join(argv)
-    done = subprocess.run(argv, env={"BENCH_KEY": KEY, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
-    printed = done.stdout.splitlines()
-    assert printed[-2:] == ["--api-key", KEY] and printed[:3] == ["--base-url", "http://h:8000/v1", "--model"]
-    with pytest.raises(ValueError):
-        benchy_command("http://h", "m", "/t", [1], [1], [0], [1], "BENCH KEY; rm -rf /")
+def test_benchy_command_takes_the_key_from_the_environment_into_no_argv(tmp_path):
+    # A stand-in for llama_benchy's __main__: what it parses, and what the kernel shows to ps.
+    (tmp_path / "argv_echo.py").write_text(
+        "import json, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'cmdline': open('/proc/self/cmdline').read()}))\n"
+    )
+    argv = benchy_command("http://h:8000/v1", "m", "/t", [128], [32], [0], [1], "BENCH_KEY", module="argv_echo")
+    assert KEY not in " ".join(argv)
+    env = {"BENCH_KEY": KEY, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    seen = json.loads(done.stdout)
+    assert seen["argv"][-2:] == ["--api-key", KEY] and seen["argv"][:3] == ["--base-url", "http://h:8000/v1", "--model"]
+    assert KEY not in seen["cmdline"] and "--base-url" in seen["cmdline"]
+    for name, module in (("BENCH KEY; rm -rf /", "llama_benchy"), ("BENCH_KEY", "x'); import os; os.system('id")):
+        with pytest.raises(ValueError):
+            benchy_command("http://h", "m", "/t", [1], [1], [0], [1], name, module=module)
 
 
 def test_parse_benchy_fixture():
@@ -228,6 +236,9 @@ def test_markdown_single_point_and_no_sweep():
     assert "| 0 | 1913 tok/s | 42.3 tok/s | 1.13 s |" in text
     assert "| gpu_memory_utilization | — |" in text and "| drafter | `eagle3 k=2` |" in text
     assert "## Probes" not in text and "## Users" not in text
+    assert "no prefill rate" not in text
+    unmeasured = render_markdown(meta(), [], [dataclasses.replace(row, pp_tps=None)])
+    assert "| 0 | — | 42.3 tok/s | 1.13 s |" in unmeasured and "llama-benchy reports no prefill rate" in unmeasured
     probes_only = render_markdown(meta(), probes_fixture(), [])
     assert "## Probes" in probes_only and "Depth sweep" not in probes_only
 
@@ -304,11 +315,11 @@ def test_compare(tmp_path):
 def test_compare_cli(tmp_path, capsys):
     a = write_results(tmp_path, meta(), probes_fixture(), parse_benchy(sweep_raw()))
     b = _run_b(tmp_path)
-    assert bench.main(["compare", str(a), str(b)]) == 0
+    assert bench.main(["--compare", str(a), str(b)]) == 0
     assert capsys.readouterr().out == compare(a, b)
-    assert bench.main(["compare", str(a), str(tmp_path / "missing")]) == 2
+    assert bench.main(["--compare", str(a), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
-    done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "compare", str(a), str(a)],
+    done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "--compare", str(a), str(a)],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert done.returncode == 0 and "## Meta\n\n(same)" in done.stdout
 

@@ -54,6 +54,9 @@ EXPECTED = {
     "v0.8-v0.10_V0engine_too_low.log": dict(
         kind="too_low", needed_tokens=131_072, max_model_len=131_072, kv_tokens=93_760, version="0.8.5",
         evidence="stored in KV cache (93760)"),
+    "v0.32.0_gpu_ok_memory_report.log": dict(  # the success report's "Free memory on device ... on startup." is no shortfall
+        kind="ok", gmu=0.929, kv_tokens=198_272, max_model_len=LANE_A, kv_available_gib=8.21, version="0.32.0",
+        shortfall_gib=None, evidence="GPU KV cache size: 198,272 tokens"),
     "v0.32.0_cpu_kvspace_ok.log": dict(
         kind="ok", kv_tokens=2_097_152, kv_available_gib=1.0, total_gib=23.41, version="0.32.0",
         evidence="CPU KV cache size: 2,097,152 tokens"),
