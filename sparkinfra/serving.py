@@ -23,6 +23,16 @@ STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (its MARKS; lost at reboot)
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
+CONTAINER_API_KEY = "/run/sparkinfra/api.env"  # the head's secret env file, mounted read-only
+# Exports VLLM_API_KEY from the mounted file, literally (shell builtins, no quoting rules), then runs
+# the lane's command: the key is in the engine's environment, not in the container's configuration
+# (``docker inspect``, which anyone with the docker socket can read). No key, no start.
+WITH_API_KEY = (
+    'while IFS= read -r line || [ -n "$line" ]; do case "$line" in VLLM_API_KEY=*) '
+    'export VLLM_API_KEY="${line#VLLM_API_KEY=}";; esac; done < ' + CONTAINER_API_KEY + "; "
+    '[ -n "${VLLM_API_KEY:-}" ] || { echo "no VLLM_API_KEY in ' + CONTAINER_API_KEY + '" >&2; exit 1; }; '
+    'exec "$@"'
+)
 
 
 def unit_name(lane: str) -> str:
@@ -79,9 +89,14 @@ def _env(lane: lanes.Lane, cluster: Cluster, node: Node, launch: lanes.Launch) -
     return dict(sorted(env.items()))
 
 
+def container_command(command: list[str], api_key: bool) -> list[str]:
+    """The container's command: the lane's, behind ``WITH_API_KEY`` when the rank serves with a key."""
+    return ["sh", "-c", WITH_API_KEY, "sparkinfra-api-key", *command] if api_key else list(command)
+
+
 def _docker_options(lane: lanes.Lane, cluster: Cluster, head: bool) -> list[str]:
     config = cluster.config
-    secret = ["--env-file", secret_env_path(lane.name)] if head and config.api_key_env else []
+    secret = ["-v", f"{secret_env_path(lane.name)}:{CONTAINER_API_KEY}:ro"] if head and config.api_key_env else []
     return [
         "--network", "host",
         "--env-file", NCCL_ENV_FILE,
@@ -109,7 +124,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             "container": config.container_name,
             "image": lane.image or config.image,
             "docker_options": _docker_options(lane, cluster, is_head),
-            "command": launch.command,
+            "command": container_command(launch.command, api_key=is_head and bool(config.api_key_env)),
             "api_port": api_port,
             "served_model_name": lane.served_model_name or lane.model,
             "api_key_file": secret_env_path(lane.name) if is_head and config.api_key_env else "",

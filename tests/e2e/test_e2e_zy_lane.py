@@ -317,6 +317,7 @@ def test_secrets_never_leak(serving):
     for node in ("spark-1", "spark-2"):
         outputs[f"{node} unit files"] = bed.node(node, "cat /etc/systemd/system/sparkinfra-*.service").stdout
         outputs[f"{node} command lines"] = bed.node(node, "ps -eo args").stdout
+        outputs[f"{node} docker inspect"] = bed.node(node, f"docker inspect {CONTAINER}").stdout
         outputs[f"{node} plans"] = bed.node(node, "cat /etc/sparkinfra/lanes/*.json").stdout
         outputs[f"{node} journal"] = bed.node(node, "journalctl --no-pager -o cat -n 5000").stdout
     for what, secret in secrets.items():

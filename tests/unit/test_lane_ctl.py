@@ -56,3 +56,45 @@ def test_env_knob_goes_to_a_root_only_copy_of_the_env_file(ctl):
     assert stat.S_IMODE(trial_env.stat().st_mode) == 0o600
     assert q["docker_options"][5] == str(trial_env) and p["docker_options"][5] == str(ctl.PLANS / "sim.env")
     assert q["command"] == p["command"]
+
+
+# The head's API key: read inside the container, not set in its configuration
+# ---------------------------------------------------------------------------
+
+
+def _with_key(tmp_path, text: str | None, *command: str):
+    import subprocess
+
+    key_file = tmp_path / "api.env"
+    if text is not None:
+        key_file.write_text(text)
+    wrapped = serving.container_command(list(command), api_key=True)
+    assert wrapped[4:] == list(command) and serving.CONTAINER_API_KEY in wrapped[2]
+    wrapped[2] = wrapped[2].replace(serving.CONTAINER_API_KEY, str(key_file))
+    return subprocess.run(wrapped, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("key", ["0123abcd", "a$b `c` \"d' e\\f", "=x=y"])
+def test_api_key_is_exported_literally_then_the_command_runs(tmp_path, key):
+    script = 'printf "%s\\n" "$VLLM_API_KEY" "$#" "$@"'
+    done = _with_key(tmp_path, f"# sparkinfra\nOTHER=1\nVLLM_API_KEY={key}", "sh", "-c", script, "vllm", "serve", "a b")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [key, "2", "serve", "a b"]
+
+
+@pytest.mark.parametrize("text", ["OTHER=1\n", "VLLM_API_KEY=\n", None])
+def test_no_api_key_no_start(tmp_path, text):
+    done = _with_key(tmp_path, text, "echo", "started")
+    assert done.returncode != 0 and "started" not in done.stdout
+
+
+def test_a_rank_without_a_key_runs_the_lane_command_itself():
+    assert serving.container_command(["vllm", "serve", "m"], api_key=False) == ["vllm", "serve", "m"]
+
+
+def test_flag_knob_in_the_heads_wrapped_command(ctl):
+    p = _plan(ctl)
+    p["command"] = serving.container_command(p["command"], api_key=True)
+    q = ctl.trial_plan("sim", p, "--gpu-memory-utilization", "0.929")
+    assert q["command"][:4] == p["command"][:4] and q["command"][4:] == [
+        "vllm", "serve", "org/m", "--gpu-memory-utilization", "0.929", "--max-model-len", "512"]

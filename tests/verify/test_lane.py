@@ -72,9 +72,15 @@ def test_container_has_the_nodes_env_and_pin(node):
 def test_rank_role(node):
     lane = _lane(node)
     info = _inspect(node, node.cluster.config.container_name)
+    config = node.cluster.config
     args = info["Config"]["Cmd"] or []
-    wanted = lanes.launch(lane, node.cluster, node.node.rank, gmu=node.cluster.config.gpu_memory_utilization)
-    assert args == wanted.command, f"{node}: runs {args}, the lane renders {wanted.command}"
+    wanted = lanes.launch(lane, node.cluster, node.node.rank, gmu=config.gpu_memory_utilization)
+    with_key = node.node.rank == 0 and bool(config.api_key_env)
+    command = serving.container_command(wanted.command, api_key=with_key)
+    assert args == command, f"{node}: runs {args}, the lane renders {command}"
+    env = [item.split("=", 1)[0] for item in info["Config"]["Env"] or []]
+    assert "VLLM_API_KEY" not in env, f"{node}: the API key is in the container's configuration (docker inspect)"
+    args = wanted.command
     if lane.launch == "mp":
         assert ("--headless" in args) == (node.node.rank > 0), f"{node}: rank {node.node.rank} args {args}"
 
