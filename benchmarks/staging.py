@@ -129,23 +129,23 @@ def main() -> int:
 
     # The image: the seeds' pipe vs what deploys/stage.py runs (stage.image_fanout_script: one save
     # teed to each worker's load, then the ID check), each twice in the order seeds, tool, tool, seeds
-    # (the second of two runs finds warmer caches); best of each. Then the ID check alone.
+    # (the second of two runs finds warmer caches); best of each. Then the ID check alone, timed.
     image = bed.IMAGE
-    image_size = int(sh(HEAD, f"docker image inspect --format '{{{{.Size}}}}' {shlex.quote(image)}").stdout)
-    head_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}").stdout.strip()
+    quoted = shlex.quote(image)
+    image_size = int(sh(HEAD, f"docker image inspect --format '{{{{.Size}}}}' {quoted}").stdout)
+    head_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     methods = {
-        "seeds": f"docker save {shlex.quote(image)} | ssh {worker_ip} 'sudo -n docker load -q' >/dev/null",
+        "seeds": f"docker save {quoted} | ssh {worker_ip} 'sudo -n docker load -q' >/dev/null",
         "tool": stage.image_fanout_script(image, head_id, [(WORKER, worker_ip)]),
     }
     image_times: dict[str, list[float]] = {"seeds": [], "tool": []}
     for name in ("seeds", "tool", "tool", "seeds"):
-        sh(WORKER, f"docker rmi -f {shlex.quote(image)} >/dev/null")
+        sh(WORKER, f"docker rmi -f {quoted} >/dev/null")
         image_times[name].append(timed(HEAD, methods[name]))
-    got = sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}").stdout.strip()
-    assert got == head_id, f"the worker's image is {got or 'missing'} after staging, the head has {head_id}"
     started = time.monotonic()
-    sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}")
+    got = sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     id_check = time.monotonic() - started
+    assert got == head_id, f"the worker's image is {got or 'missing'} after staging, the head has {head_id}"
     seeds_image, tool_image = min(image_times["seeds"]), min(image_times["tool"])
     print(f"image {image_size / 1e6:.0f} MB (best of 2, alternated): seeds docker save|ssh|load "
           f"{seeds_image:.2f} s, tool (image_fanout_script) {tool_image:.2f} s, "

@@ -94,9 +94,9 @@ def container_command(command: list[str], api_key: bool) -> list[str]:
     return ["sh", "-c", WITH_API_KEY, "sparkinfra-api-key", *command] if api_key else list(command)
 
 
-def _docker_options(lane: lanes.Lane, cluster: Cluster, head: bool) -> list[str]:
+def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[str]:
     config = cluster.config
-    secret = ["-v", f"{secret_env_path(lane.name)}:{CONTAINER_API_KEY}:ro"] if head and config.api_key_env else []
+    secret = ["-v", f"{secret_env_path(lane.name)}:{CONTAINER_API_KEY}:ro"] if with_key else []
     return [
         "--network", "host",
         "--env-file", NCCL_ENV_FILE,
@@ -118,16 +118,17 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
     for node in cluster.nodes:
         launch = lanes.launch(lane, cluster, node.rank, gmu=gmu)
         is_head = node.rank == 0
+        with_key = is_head and bool(config.api_key_env)  # the key's mount, the command's wrapper, lane_ctl's file
         plan = {
             "lane": lane.name,
             "rank": node.rank,
             "container": config.container_name,
             "image": lane.image or config.image,
-            "docker_options": _docker_options(lane, cluster, is_head),
-            "command": container_command(launch.command, api_key=is_head and bool(config.api_key_env)),
+            "docker_options": _docker_options(lane, cluster, with_key),
+            "command": container_command(launch.command, api_key=with_key),
             "api_port": api_port,
             "served_model_name": lane.served_model_name or lane.model,
-            "api_key_file": secret_env_path(lane.name) if is_head and config.api_key_env else "",
+            "api_key_file": secret_env_path(lane.name) if with_key else "",
             "api_key_tag": _secret_tag(api_key(config)) if is_head else "",
             "workers": [{"ip": str(w.fabric_ip), "rank": w.rank} for w in cluster.workers] if is_head else [],
             "warmup": [w.model_dump(exclude_none=True) for w in lane.warmup] if is_head else [],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import stat
+import subprocess
 
 import pytest
 
@@ -63,8 +64,6 @@ def test_env_knob_goes_to_a_root_only_copy_of_the_env_file(ctl):
 
 
 def _with_key(tmp_path, text: str | None, *command: str):
-    import subprocess
-
     key_file = tmp_path / "api.env"
     if text is not None:
         key_file.write_text(text)

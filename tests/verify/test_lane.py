@@ -80,9 +80,9 @@ def test_rank_role(node):
     assert args == command, f"{node}: runs {args}, the lane renders {command}"
     env = [item.split("=", 1)[0] for item in info["Config"]["Env"] or []]
     assert "VLLM_API_KEY" not in env, f"{node}: the API key is in the container's configuration (docker inspect)"
-    args = wanted.command
     if lane.launch == "mp":
-        assert ("--headless" in args) == (node.node.rank > 0), f"{node}: rank {node.node.rank} args {args}"
+        headless = "--headless" in wanted.command
+        assert headless == (node.node.rank > 0), f"{node}: rank {node.node.rank} args {wanted.command}"
 
 
 def test_api_completes(cluster):
