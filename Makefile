@@ -1,7 +1,7 @@
 # sparkinfra: one entry point. Run as root (the bed builds namespaces and containers).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-BED := $(PY) -m sparkinfra.bed
+BED := $(PY) -m sparkbed
 HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev
 
 .PHONY: setup demo test unit e2e bed-up bed-down clean

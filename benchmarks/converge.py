@@ -28,7 +28,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sparkinfra import bed  # noqa: E402
+import sparkbed as bed  # noqa: E402
 
 DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
 PAIR_DATA = ("--data", "lane=")  # the pair's group data names a lane; this measures prepare + stage

@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sparkinfra import bed, stage  # noqa: E402
+import sparkbed as bed
+from sparkinfra import stage  # noqa: E402
 from sparkinfra.facts import _snapshot_tool_command  # noqa: E402
 
 HEAD, WORKER = "spark-1", "spark-2"

@@ -1,11 +1,12 @@
-"""The test bed's simulated pair (``python -m sparkinfra.bed up``): spark-1 head, spark-2 worker.
+"""The test bed's simulated pair (``python -m sparkbed up``): spark-1 head, spark-2 worker.
 
-Run the controller in the bed's management namespace: ``python -m sparkinfra.bed run pyinfra ...``.
+Run the controller in the bed's management namespace: ``python -m sparkbed run pyinfra ...``.
 """
 
-from sparkinfra.bed import sim_hosts
+from sparkbed import sim_hosts
 
 sim = sim_hosts(2)
+bed = [name for name, _ in sim]  # group_data/bed.py: what every bed cluster shares
 
 # Refuse bad settings now, before pyinfra connects to any host.
 from sparkinfra.settings import validate_inventory  # noqa: E402

@@ -1,8 +1,9 @@
-"""Four simulated nodes behind the bed's switch (``python -m sparkinfra.bed up --nodes 4``)."""
+"""Four simulated nodes behind the bed's switch (``python -m sparkbed up --nodes 4``)."""
 
-from sparkinfra.bed import sim_hosts
+from sparkbed import sim_hosts
 
 sim4 = sim_hosts(4)
+bed = [name for name, _ in sim4]  # group_data/bed.py: what every bed cluster shares
 
 # Refuse bad settings now, before pyinfra connects to any host.
 from sparkinfra.settings import validate_inventory  # noqa: E402

@@ -1,5 +1,5 @@
 """
-The end-to-end layer: real deploys against the simulated cluster (``sparkinfra.bed``).
+The end-to-end layer: real deploys against the simulated cluster (``sparkbed``).
 
 The bed comes up once per session (2 nodes; a test may ask for more) and goes down at the end,
 which also asserts it left nothing behind. Set ``SPARKINFRA_BED_KEEP=1`` to leave it up.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkinfra import bed as simbed
+import sparkbed as simbed
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -3,7 +3,7 @@
 import subprocess
 import time
 
-from sparkinfra import bed as simbed
+import sparkbed as simbed
 
 
 def test_guard_route_keeps_bed_traffic_local(pair):

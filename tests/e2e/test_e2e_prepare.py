@@ -5,7 +5,7 @@ fault -> verify sees it -> one converge heals only what broke -> verify.
 
 import pytest
 
-from sparkinfra import bed as simbed
+import sparkbed as simbed
 
 INV = "inventory/sim.py"
 DEPLOY = "deploys/prepare.py"

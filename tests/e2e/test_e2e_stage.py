@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sparkinfra import bed as simbed
+import sparkbed as simbed
 
 INV = "inventory/sim.py"
 REPO = "sparkbed/e2e-moe"

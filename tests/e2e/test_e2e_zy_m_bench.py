@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkinfra import bed as simbed
+import sparkbed as simbed
 
 INV = "inventory/sim.py"
 BIN = Path(sys.executable).parent

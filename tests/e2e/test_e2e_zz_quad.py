@@ -17,7 +17,7 @@ def test_quad_serve_converges_and_verifies(bed):
 
 def test_pulled_cable_fails_preflight_on_that_node(bed):
     bed.ensure(4)
-    from sparkinfra import bed as simbed
+    import sparkbed as simbed
 
     simbed.cable("spark-3", plugged=False)
     try:

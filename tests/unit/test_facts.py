@@ -36,7 +36,7 @@ from sparkinfra.facts import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-STANDIN_SHOW_GIDS = REPO / "sparkinfra" / "bed" / "standins" / "show_gids"
+STANDIN_SHOW_GIDS = REPO / "sparkbed" / "standins" / "show_gids"
 
 NETDEV = "enp1s0f0np0"
 VLAN = "enp1s0f0np0.100"
@@ -367,7 +367,7 @@ def test_fact_command_without_device_or_tool_is_none(tmp_path):
 
 
 def standin_line(dev, port, index, gid, ipv4, ver, ndev):
-    """One row exactly as ``sparkinfra/bed/standins/show_gids`` formats it."""
+    """One row exactly as ``sparkbed/standins/show_gids`` formats it."""
     return f"{dev}\t{port}\t{index}\t{gid}\t{ipv4:<14}\t{ver}\t{ndev}"
 
 

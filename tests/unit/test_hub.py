@@ -1,5 +1,5 @@
 """
-The Hub stand-in (``sparkinfra.bed.hub``) against the real ``huggingface_hub`` client: a small
+The Hub stand-in (``sparkbed.hub``) against the real ``huggingface_hub`` client: a small
 repository tree in ``tmp_path`` served on 127.0.0.1, downloaded into an HF cache with
 ``snapshot_download`` the way ``operations.snapshot_downloaded`` calls it.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkinfra.bed import hub
+from sparkbed import hub
 
 CLIENT = os.environ.get("HUB_CLIENT_PYTHON", sys.executable)
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -320,7 +320,7 @@ def test_resolve_headers_ranges_and_errors(start):
 def test_command_line_serves_until_sigterm(root, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "sparkinfra.bed.hub", "--root", str(root), "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "sparkbed.hub", "--root", str(root), "--host", "127.0.0.1",
                              "--port", "0", "--token-file", str(token_file)], stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()

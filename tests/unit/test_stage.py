@@ -1,7 +1,7 @@
 """
 Staging, decided off-line: ``sparkinfra/remote/snapshot_tool.py`` (the stdlib script nodes run:
 manifests, compare, plan, adopt) on HF-cache-layout snapshots written in ``tmp_path`` by
-``sparkinfra.bed.make_snapshot`` (small sizes), and ``sparkinfra.stage`` (which repos, and the
+``sparkbed.make_snapshot`` (small sizes), and ``sparkinfra.stage`` (which repos, and the
 shell the head and workers run). No host, daemon or network is involved: the shell is only
 checked for syntax (``bash -n`` / ``sh -n``) and read.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sparkinfra import stage
-from sparkinfra.bed import make_snapshot
+from sparkbed import make_snapshot
 from sparkinfra.remote import snapshot_tool as tool
 from spark_cluster import load_cluster
 

@@ -1,5 +1,5 @@
 """
-``python -m sparkinfra.bed up|down|reboot|status|shell`` -- the simulated cluster.
+``python -m sparkbed up|down|reboot|status|shell`` -- the simulated cluster.
 
 Run as root. ``up`` clears whatever an earlier (killed) run left, then starts N nodes.
 """
@@ -8,11 +8,11 @@ import argparse
 import os
 import sys
 
-from sparkinfra import bed
+import sparkbed as bed
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.bed", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sparkbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="bring up N simulated nodes")
     p_up.add_argument("--nodes", type=int, default=2)

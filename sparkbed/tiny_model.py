@@ -2,7 +2,7 @@
 Make the test bed's model: a tiny Llama with random weights, a byte-level BPE tokenizer trained on
 a few sentences, and a chat template. Nothing comes from a hub.
 
-    python sparkinfra/bed/tiny_model.py OUT_DIR
+    python sparkbed/tiny_model.py OUT_DIR
 """
 
 import sys

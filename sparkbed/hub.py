@@ -23,7 +23,7 @@ repositories are gated as on the hub: info and listings stay public, file downlo
 credentials in Authorization header" everywhere. One line per request goes to stderr, never with
 a header's value other than ``Range``.
 
-``python -m sparkinfra.bed.hub --root DIR --host H --port P [--token-file F]`` serves until
+``python -m sparkbed.hub --root DIR --host H --port P [--token-file F]`` serves until
 SIGTERM or SIGINT.
 """
 
@@ -381,7 +381,7 @@ def serve(root: Path, host: str, port: int, token: str | None = None, *,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.bed.hub", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sparkbed.hub", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="root/<org>/<name>/<sha>/... and refs/<ref>")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)

@@ -414,7 +414,7 @@ def _start_hub() -> int:
     _secret(token)
     log_file = open(STATE / "hub.log", "a")
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", MGMT_NS, sys.executable, "-m", "sparkinfra.bed.hub", "--root", str(HUB_ROOT),
+        ["ip", "netns", "exec", MGMT_NS, sys.executable, "-m", "sparkbed.hub", "--root", str(HUB_ROOT),
          "--host", MGMT_GATEWAY, "--port", str(HUB_PORT), "--token-file", str(token)],
         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
         preexec_fn=lambda: _enter_own_cgroup("hub"),
@@ -715,7 +715,7 @@ def wait_running(name: str, timeout: float = 90.0) -> str:
 def _start_supervisor(node: SimNode) -> int:
     log_file = open(node_dir(node.name) / "supervisor.log", "a")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkinfra.bed", "supervise", node.name],
+        [sys.executable, "-m", "sparkbed", "supervise", node.name],
         stdin=subprocess.DEVNULL,
         stdout=log_file,
         stderr=log_file,
@@ -812,7 +812,7 @@ def _supervisor_pids() -> list[int]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
             except (OSError, ValueError):
                 continue
-            if "sparkinfra.bed" in cmdline and "supervise" in cmdline:
+            if "sparkbed" in cmdline and "supervise" in cmdline:
                 pids.append(pid)
     return pids
 

@@ -1,0 +1,17 @@
+# Every cluster of the test bed (group `bed` of inventory/sim*.py): addresses inside the bed's
+# namespaces only. Each cluster's own group file adds its name and ports.
+fabric_subnet = "10.213.1.0/24"
+fabric_mtu = 4200
+# The bed's stand-in libnccl.so.2 (reports 2.30.7), placed on every node by deploys/prepare.py.
+nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so.2"
+preflight_free_gb = 1
+
+# Staging: the bed's image is built on the head from a rootfs the bed provides (no registry);
+# the head downloads the tiny Llama from the bed's hub (a gated stand-in for huggingface.co in the
+# management namespace; `python -m sparkbed run` gives commands its token).
+image = "sparkbed/stage:1"
+image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
+model = "sparkbed/tiny-llama"
+model_revision = "7161ee11a3a0de1ce0000000000000000000c0de"
+hf_endpoint = "http://10.213.0.1:8731"
+hf_token_env = "SPARKBED_HF_TOKEN"
