@@ -7,16 +7,15 @@ offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.m
     python -m sparkinfra.bench --compare results/<cluster>/<lane>/<A> results/<cluster>/<lane>/<B>
 """
 
-from pyinfra import host, inventory, state
+from pyinfra import host
 from pyinfra.operations import python
 
-from sparkinfra import bench, lock, operations, settings, ssh
+from sparkinfra import bench, operations, run
 
-ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-lock.hold(state, inventory, settings.current())  # one converge at a time
-cluster = settings.current().cluster_of(host.name)
+here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
+cluster = here.cluster
 
-if host.name == cluster.head.name:
+if here.is_head:
     job = bench.job_for(host, cluster)  # refuses a lane that is not serving its current plan
 
     operations.lane_warm(

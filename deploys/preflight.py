@@ -5,10 +5,6 @@ the fabric link. Also the first step of ``deploys/serve.py``.
     pyinfra inventory/pair.py deploys/preflight.py
 """
 
-from pyinfra import inventory, state
+from sparkinfra import run
 
-from sparkinfra import lock, preflight, settings, ssh
-
-ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-lock.hold(state, inventory, settings.current())  # one converge at a time
-preflight.run(state, settings.current())
+run.start(preflight_first=True)  # every node checked once, before any operation

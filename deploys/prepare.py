@@ -6,16 +6,21 @@ over the fabric, no stale lane container.
     pyinfra inventory/pair.py deploys/prepare.py
 """
 
-from pyinfra import host, inventory, state
+from pyinfra import host, inventory
 
-from sparkinfra import facts, lock, operations, reads, settings, ssh
-from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS, mesh_config
+from sparkinfra import facts, operations, reads, run
+from sparkinfra.mesh import (
+    MESH_CONFIG,
+    MESH_CONFIG_MARKER,
+    MESH_KEY,
+    MESH_KNOWN_HOSTS,
+    mesh_config,
+)
 from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
 
-ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-lock.hold(state, inventory, settings.current())  # one converge at a time
-cluster = settings.current().cluster_of(host.name)
-node = cluster.node(host.name)
+here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
+cluster = here.cluster
+node = here.node
 fabric = cluster.fabric
 config = cluster.config
 address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
@@ -61,7 +66,7 @@ operations.nccl_environment(
 
 # The head reaches every worker over the fabric, as that worker's user, with its own key.
 head = inventory.get_host(cluster.head.name)
-if node == cluster.head:
+if here.is_head:
     operations.ssh_key_present(
         name=f"Fabric SSH key of the head is at {MESH_KEY}",
         path=MESH_KEY,
@@ -75,7 +80,7 @@ else:
         key_path=f"{MESH_KEY}.pub",
         from_ip=str(cluster.head.fabric_ip),
     )
-if node == cluster.head and cluster.workers:
+if here.is_head and cluster.workers:
     operations.known_hosts(
         name=f"Head knows the workers' host keys in {MESH_KNOWN_HOSTS}",
         path=MESH_KNOWN_HOSTS,

@@ -4,19 +4,18 @@ One image ID and one verified model snapshot on every node, moved head -> worker
     pyinfra inventory/pair.py deploys/stage.py            # --data stage_verify=deep: sha256 of every file
 """
 
-from pyinfra import host, inventory, state
+from pyinfra import host, inventory
 
-from sparkinfra import facts, lock, operations, reads, settings, ssh, stage
+from sparkinfra import facts, operations, reads, run, stage
 
-ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-lock.hold(state, inventory, settings.current())  # one converge at a time
-cluster = settings.current().cluster_of(host.name)
+here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
+cluster = here.cluster
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
 deep = config.stage_verify == "deep"
 facts.read_ahead(host, reads.stage_reads(cluster, host.name))  # one command, not one per fact
 
-if host.name == cluster.head.name:
+if here.is_head:
     operations.image_present(
         name=f"Image {config.image} is on the head",
         image=config.image,
@@ -31,7 +30,7 @@ if host.name == cluster.head.name:
     )
 for repo, revision in stage.models(cluster):
     repo_dir = stage.repo_dir(config.model_dir, repo)
-    if host.name == cluster.head.name:
+    if here.is_head:
         operations.snapshot_downloaded(
             name=f"Snapshot {repo}@{revision[:12]} is on the head",
             repo=repo,

@@ -13,18 +13,17 @@ the converge lock stay: deploys/serve.py serves again moving neither image nor w
     pyinfra inventory/pair.py deploys/teardown.py --data teardown=full --data teardown_confirm=pair
 """
 
-from pyinfra import host, inventory, state
+from pyinfra import inventory
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkinfra import lock, operations, serving, settings, ssh
+from sparkinfra import operations, run, serving
 from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS
 from sparkinfra.nccl import NCCL_ENV_FILE
 
-ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-lock.hold(state, inventory, settings.current())  # one converge at a time
-cluster = settings.current().cluster_of(host.name)
-node = cluster.node(host.name)
+here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
+cluster = here.cluster
+node = here.node
 config = cluster.config
 
 operations.other_lanes_stopped(
@@ -52,7 +51,7 @@ if config.teardown == "full":
     )
 
     # The head's SSH mesh; the workers first: they find the key's line by the head's key.
-    if node != cluster.head:
+    if not here.is_head:
         operations.ssh_key_authorized(
             name=f"Head's fabric key is not authorized for {node.ssh_user}",
             user=node.ssh_user,

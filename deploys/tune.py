@@ -8,16 +8,16 @@ The lane is placed but not started first; if it was serving, it serves again aft
     pyinfra inventory/sim.py deploys/tune.py --data tune_knob=VLLM_CPU_KVCACHE_SPACE --data tune_max=4
 """
 
-from pyinfra import host, local
+from pyinfra import host
 from pyinfra.operations import python
 
-from sparkinfra import settings, tune
+from sparkinfra import lane_steps, run, tune
 
-local.include("deploys/lane.py", data={"lane_start": False})  # plans, env files, units; validated
-cluster = settings.current().cluster_of(host.name)
+here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
+lane_steps.placed(here, start=False)  # plans, env files, units; validated; the trials start it
 
-if host.name == cluster.head.name:
-    job = tune.job_for(host, cluster)
+if here.is_head:
+    job = tune.job_for(host, here.cluster)
     python.call(
         name=f"{job.knob.name} of lane {job.lane} is bracketed from {job.knob.format(job.start)} "
         f"(KV pool >= {job.required_tokens:,} tokens)",

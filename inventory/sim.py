@@ -9,6 +9,6 @@ sim = sim_hosts(2)
 bed = [name for name, _ in sim]  # group_data/bed.py: what every bed cluster shares
 
 # Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.settings import validate_inventory  # noqa: E402
+from sparkinfra.run import validate_inventory  # noqa: E402
 
 validate_inventory(__file__)

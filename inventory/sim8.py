@@ -6,6 +6,6 @@ sim8 = sim_hosts(8)
 bed = [name for name, _ in sim8]  # group_data/bed.py: what every bed cluster shares
 
 # Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.settings import validate_inventory  # noqa: E402
+from sparkinfra.run import validate_inventory  # noqa: E402
 
 validate_inventory(__file__)

@@ -32,6 +32,9 @@ from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
 
+from . import lanes, serving, stage
+from .facts import DockerImageId, LaneStatus, NcclVersion, SnapshotFiles
+
 # Prompts that run past 256 tokens, so every probe decodes the full max_tokens.
 WORKLOADS = {
     "json": (
@@ -720,8 +723,6 @@ def job_for(host, cluster) -> Job:
     tokenizer files). Refuses (``BenchRefused``) a cluster with no lane, or a lane not serving
     its current plan: a bench never starts or restarts what it measures.
     """
-    from . import lanes, serving, stage
-    from .facts import DockerImageId, LaneStatus, NcclVersion, SnapshotFiles
 
     config = cluster.config
     if not config.lane:

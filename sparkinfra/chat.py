@@ -16,27 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-
-def load(inventory_file: str, data: list[str]):
-    """The inventory's settings, as pyinfra's CLI loads them (file, group_data, ``--data``)."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory_from_files
-    from pyinfra_cli.util import parse_cli_arg
-
-    from .settings import load_settings
-
-    override = {}
-    for item in data:
-        key, _, value = item.partition("=")
-        override[key] = parse_cli_arg(value)
-    if not ctx_state.isset():
-        ctx_state.set(State())
-    cwd = str(Path.cwd())
-    inventory = make_inventory_from_files(inventory_file, override, cwd)
-    return load_settings(inventory, inventory_file=inventory_file, cwd=cwd)
+from . import lanes
+from .run import load_files
 
 
 def chat(url: str, model: str, prompt: str, max_tokens: int, api_key: str = "", timeout: float = 300) -> dict:
@@ -50,7 +32,6 @@ def chat(url: str, model: str, prompt: str, max_tokens: int, api_key: str = "", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import lanes
 
     parser = argparse.ArgumentParser(prog="python -m sparkinfra.chat", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory")
@@ -60,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args(argv)
 
-    settings = load(args.inventory, args.data)
+    _, settings = load_files(args.inventory, args.data)
     cluster = settings.clusters[args.cluster] if args.cluster else next(iter(settings.clusters.values()))
     if not cluster.config.lane:
         print(f"cluster {cluster.name} serves no lane (settings: lane)", file=sys.stderr)

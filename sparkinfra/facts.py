@@ -14,6 +14,9 @@ from gevent.event import AsyncResult
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from .serving import LANE_CTL
+from .stage import tool_source
+
 _gathered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {key: AsyncResult}
 _ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {host name: {read: (cls, kwargs)}}
 _ALONE = object()  # a read the batch could not answer: read it in a command of its own
@@ -405,7 +408,6 @@ class DockerImageId(FactBase):
 
 
 def _snapshot_tool_command(*args: str) -> StringCommand:
-    from .stage import tool_source
 
     return StringCommand("python3", "-I", "-S", "-c", QuoteString(tool_source()), *(QuoteString(a) for a in args))
 
@@ -486,7 +488,6 @@ class LaneStatus(FactBase):
 
     @override
     def command(self, lane: str, probe: bool = True) -> StringCommand:
-        from .serving import LANE_CTL
 
         local = [] if probe else ["--local"]
         return StringCommand(

@@ -7,8 +7,8 @@ with its connection, so a killed run never blocks the next one. The holder (who,
 when, what) is written next to it and removed when the run ends normally; a later run that finds
 the lock free but a holder left behind says it takes over from a run that did not finish.
 
-Every deploy calls ``hold()`` first; it acquires once per run, for every cluster head of the
-inventory, before any operation executes.
+``run.start()`` calls ``hold()`` once per run, for every cluster head of the inventory, before
+any operation executes.
 """
 
 from __future__ import annotations
@@ -26,13 +26,8 @@ from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
-from .facts import unproxied
-
 LOCK = "/run/sparkinfra/converge.lock"
 HOLDER = "/run/sparkinfra/converge.holder"
-
-# state -> {head name: paramiko channel}; one entry per run (a CLI run has one state)
-_held: dict[int, dict[str, object]] = {}
 
 SCRIPT = f"""
 mkdir -p -m 700 /run/sparkinfra
@@ -86,13 +81,12 @@ def _open(host, holder: str):
     return channel, reader, status, detail
 
 
-def hold(state: State, inventory, settings) -> None:
-    """Take the converge lock on every cluster head of this run (once per run)."""
-    state = unproxied(state)
-    if id(state) in _held:
-        return
+def hold(state: State, inventory, settings, dry: bool = False) -> None:
+    """
+    Take the converge lock on every cluster head of this run; release it when the run's last
+    operation ends, or at once in a dry run (which only checks that no converge is under way).
+    """
     held: dict[str, object] = {}
-    _held[id(state)] = held
     holder = _holder()
     for cluster in settings.clusters.values():
         head = inventory.get_host(cluster.head.name)
@@ -101,7 +95,7 @@ def hold(state: State, inventory, settings) -> None:
         channel, reader, status, detail = _open(head, holder)
         if status == "BUSY":
             channel.close()
-            release(state)
+            release(held)
             raise ConvergeLocked(
                 f"another converge holds the lock on {head.name} ({cluster.name}'s head): {describe(detail)}; "
                 "nothing was changed"
@@ -112,23 +106,22 @@ def hold(state: State, inventory, settings) -> None:
             )
         elif status != "FREE":
             channel.close()
+            release(held)
             raise PyinfraError(f"{head.name}: could not take the converge lock ({status} {detail})".strip())
         if reader.readline().strip() != "HELD":
             channel.close()
+            release(held)
             raise PyinfraError(f"{head.name}: the converge lock was not confirmed")
         held[head.name] = channel
-    from .settings import _cli_params
-
-    if _cli_params().get("dry"):
-        release(state)  # a dry run only checks that no converge is under way: it changes nothing
+    if dry:
+        release(held)
         return
-    state.add_callback_handler(_ReleaseAtEnd())
+    state.add_callback_handler(_ReleaseAtEnd(held))
 
 
-def release(state: State) -> None:
-    """Release every lock of this run (a normal end: the holder record goes too)."""
-    state = unproxied(state)
-    for channel in _held.get(id(state), {}).values():
+def release(held: dict[str, object]) -> None:
+    """Release the locks ``held`` (head name -> holding channel): a normal end, the holder record goes too."""
+    for channel in held.values():
         try:
             channel.sendall(b"release\n")
             channel.shutdown_write()
@@ -136,14 +129,16 @@ def release(state: State) -> None:
             channel.close()
         except (OSError, EOFError):
             pass
-    _held.get(id(state), {}).clear()
+    held.clear()
 
 
 class _ReleaseAtEnd(BaseStateCallback):
     """Release the locks once the run's last operation has ended."""
 
-    @staticmethod
-    def operation_end(state: State, op_hash) -> None:
+    def __init__(self, held: dict[str, object]) -> None:
+        self.held = held
+
+    def operation_end(self, state: State, op_hash) -> None:
         order = state.get_op_order()
         if order and op_hash == order[-1]:
-            release(state)
+            release(self.held)

@@ -5,7 +5,9 @@ fact says the state differs.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import re
 import shlex
@@ -13,7 +15,14 @@ from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
 from pyinfra import context, host, logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import (
+    FileUploadCommand,
+    FunctionCommand,
+    OperationError,
+    QuoteString,
+    StringCommand,
+    operation,
+)
 from pyinfra.api.state import StateStage
 from pyinfra.api.util import get_file_sha1, get_template
 from pyinfra.facts.files import Block, Directory, File, FileContents, Sha256File
@@ -22,7 +31,7 @@ from pyinfra.facts.systemd import SystemdEnabled
 from pyinfra.operations import files
 from pyinfra.operations.util.files import chmod, chown, generate_color_diff
 
-from . import serving, stage
+from . import scripts, serving, stage
 from .facts import (
     AuthorizedKeys,
     DockerContainer,
@@ -669,7 +678,6 @@ def secret_env_file(path: str, variable: str, env: str, present: bool = True):
     + env: the controller environment variable holding the value
     + present: whether the file must exist
     """
-    import hashlib
 
     if not present:
         if gathered(host, File, path=path):
@@ -755,14 +763,12 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
 
     + lane: the lane's name
     + image: the lane's image (on this node, the head)
-    + request: what ``remote/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
+    + request: what ``scripts/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
     + docker_options: ``docker run`` options giving the check the lane's mounts and environment
     """
-    import hashlib
-    import json
 
     image_id = gathered(host, DockerImageId, image=image) or "absent"
-    check = (Path(__file__).parent / "remote" / "vllm_check.py").read_text()
+    check = scripts.text("vllm_check.py")
     request = json.dumps(request, sort_keys=True)
     key = hashlib.sha256(f"{image_id}\n{request}\n{check}".encode()).hexdigest()[:16]
     marker = serving.validated_path(lane)

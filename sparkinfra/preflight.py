@@ -152,17 +152,11 @@ def required_ports(cluster: Cluster, host_name: str) -> tuple[int, ...]:
     return ()
 
 
-_done: set[int] = set()
-
-
 def run(state, settings: Settings) -> list[Check]:
     """
-    Check every node of the inventory once per run (from whichever host's deploy runs first),
-    print one line per check and a JSON summary; raise ``PreflightFailed`` if any failed.
+    Check every node of the inventory (once per run: ``run.start(preflight_first=True)``), print
+    one line per check and a JSON summary; raise ``PreflightFailed`` if any failed.
     """
-    if id(state) in _done:
-        return []
-    _done.add(id(state))
     checks: list[Check] = []
     active = {h.name for h in state.inventory.iter_activated_hosts()}
     for cluster in settings.clusters.values():

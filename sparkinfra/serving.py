@@ -1,7 +1,7 @@
 """
 A lane on a cluster, node by node: what each rank's unit runs (its plan), its environment, its
 unit file's values, and one digest of all ranks, so a change on any node restarts the lane as a
-whole. Decided here; ``deploys/lane.py`` places it, ``remote/lane_ctl.py`` runs it.
+whole. Decided here; ``deploys/lane.py`` places it, ``scripts/lane_ctl.py`` runs it.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import lanes
+from . import lanes, scripts
 from .nccl import NCCL_ENV_FILE
 from .settings import Cluster, Node
 
 LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
-LANE_CTL_SOURCE = Path(__file__).parent / "remote" / "lane_ctl.py"
+LANE_CTL_SOURCE = scripts.path("lane_ctl.py")
 PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (its MARKS; lost at reboot)
@@ -161,6 +161,11 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
         RankPlan(node=p.node, rank=p.rank, env=p.env, plan={**p.plan, "digest": digest}, unit=p.unit)
         for p in draft
     ]
+
+
+def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:
+    """The plan of node ``node_name``'s rank (carrying the lane's digest)."""
+    return next(p for p in rank_plans(lane, cluster) if p.node.name == node_name)
 
 
 def lane_digest(plans: list[RankPlan]) -> str:

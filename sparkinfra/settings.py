@@ -10,8 +10,7 @@ An error names the file (or ``--data``) and the key it came from.
 from __future__ import annotations
 
 import ast
-import traceback
-from functools import lru_cache
+from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -393,7 +392,7 @@ class _Sources:
         for folder in reversed(self.dirs):
             path = folder / f"{group}.py"
             if path.is_file() and key in _assigned_names(path):
-                return _display(path, self.cwd)
+                return display(path, self.cwd)
         return None
 
     def layer(self, host, key: str) -> tuple[int, str]:
@@ -415,7 +414,7 @@ class _Sources:
         return self.layer(host, key)[1]
 
 
-def _display(path: Path, cwd: Path | None = None) -> str:
+def display(path: Path, cwd: Path | None = None) -> str:
     try:
         return str(path.resolve().relative_to((cwd or Path.cwd()).resolve()))
     except ValueError:
@@ -457,12 +456,15 @@ def load_settings(
     inventory_file: str | None = None,
     cwd: str | None = None,
     group_data_dirs: list[str] | tuple[str, ...] = (),
+    check_lane: Callable[[Cluster], list[str]] | None = None,
 ) -> Settings:
     """
     Validate every host's data of a pyinfra ``Inventory`` and build the ``Settings``.
 
     + inventory_file, cwd, group_data_dirs: where the data came from, as given to pyinfra
       (the same search order as its CLI), so an error can name the file
+    + check_lane: a cluster's problems with its lane (``lanes.lane_problems``), blamed on the
+      file that sets ``lane``
 
     Raises ``SettingsError`` naming the file (or ``--data``) and the key.
     """
@@ -544,117 +546,8 @@ def load_settings(
             key, host_name, message = _first_error(exc)
             host = inventory.get_host(host_name) if host_name else members[0]
             raise _error(sources.of(host, key), key, host.name, message) from None
-        _check_lane(clusters[name], sources, inventory)
+        problems = check_lane(clusters[name]) if check_lane and first.lane else []
+        if problems:
+            head = inventory.get_host(clusters[name].head.name)
+            raise _error(sources.of(head, "lane"), "lane", head.name, "; ".join(problems))
     return Settings(clusters=clusters)
-
-
-def _check_lane(cluster: Cluster, sources, inventory) -> None:
-    """The cluster's lane file exists, is valid, and fits the cluster (nodes, TP x PP, models, ports)."""
-    from . import lanes
-
-    if not cluster.config.lane:
-        return
-    head = inventory.get_host(cluster.head.name)
-    try:
-        lane = lanes.find_lane(cluster.config.lane, project=sources.cwd)
-        problems = lanes.check_lane(lane, cluster)
-    except lanes.LaneError as exc:
-        problems = [str(exc)]
-    if problems:
-        raise _error(sources.of(head, "lane"), "lane", head.name, "; ".join(problems))
-
-
-# In a pyinfra run
-# ----------------
-
-
-def _cli_params() -> dict[str, Any]:
-    """Parameters of the running pyinfra command line, when there is one."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    return dict(ctx.params) if ctx is not None else {}
-
-
-def _cli_override_data() -> dict[str, Any]:
-    """``--data key=value`` of the running pyinfra command, parsed as pyinfra parses it."""
-    from pyinfra_cli.util import parse_cli_arg
-
-    params = _cli_params()
-    data = {}
-    for arg in params.get("data") or ():
-        key, _, value = arg.partition("=")
-        data[key] = parse_cli_arg(value)
-    if params.get("ssh_user"):
-        data["ssh_user"] = params["ssh_user"]
-    return data
-
-
-_validating: set[str] = set()
-
-
-def validate_inventory(inventory_file: str) -> Settings | None:
-    """
-    Validate an inventory file's settings while pyinfra loads it, before any host connects.
-
-    Called at the end of each inventory file. Builds the inventory the way pyinfra's CLI
-    does (the file, ``group_data/``, ``--data``) and raises ``InventorySettingsError``
-    (a pyinfra error: printed without a traceback) on the first bad key, or naming the file
-    and line of a Python error in a ``group_data`` file.
-    """
-    from pyinfra_cli.inventory import make_inventory_from_files
-
-    path = str(Path(inventory_file).resolve())
-    if path in _validating:  # the nested load below executes this file again
-        return None
-    _validating.add(path)
-    try:
-        cwd = str(Path.cwd())
-        group_data = list(_cli_params().get("group_data") or ())
-        try:
-            inventory = make_inventory_from_files(path, _cli_override_data(), cwd, group_data)
-        except PyinfraError:
-            raise
-        except Exception as exc:  # a broken inventory or group_data file: say where, not how pyinfra got there
-            raise InventorySettingsError(f"bad settings: {_load_error(exc, path)}") from None
-        return load_settings(inventory, _display(Path(path)), cwd, group_data)
-    except SettingsError as exc:
-        raise InventorySettingsError(f"bad settings: {exc}") from None
-    finally:
-        _validating.discard(path)
-
-
-def _load_error(exc: Exception, inventory_file: str) -> str:
-    """``<file>, line <n>: <what>`` of an error raised while pyinfra reads an inventory or group_data file."""
-    from pyinfra_cli.exceptions import UnexpectedExternalError
-
-    if isinstance(exc, SyntaxError):
-        return f"{_display(Path(exc.filename or inventory_file))}, line {exc.lineno}: Python syntax: {exc.msg}"
-    filename, line = inventory_file, None
-    if isinstance(exc, UnexpectedExternalError):  # raised by the file's own code
-        filename, exc = exc.filename, exc.exception
-        for frame, lineno in traceback.walk_tb(exc.__traceback__):
-            if frame.f_code.co_filename == filename:
-                line = lineno
-    where = f"{_display(Path(filename))}, line {line}" if line else _display(Path(filename))
-    return f"{where}: {type(exc).__name__}: {exc}"
-
-
-@lru_cache(maxsize=None)
-def _load_cached(inventory, inventory_file, cwd, group_data) -> Settings:
-    return load_settings(inventory, inventory_file, cwd, group_data)
-
-
-def current(state=None) -> Settings:
-    """The validated settings of the running pyinfra state (computed once per run)."""
-    if state is None:
-        from pyinfra import state as ctx_state
-
-        state = ctx_state
-    inventory_file = _cli_params().get("inventory")
-    if inventory_file and Path(inventory_file).is_file():
-        inventory_file = _display(Path(inventory_file))
-    else:
-        inventory_file = None
-    group_data = tuple(_cli_params().get("group_data") or ())
-    return _load_cached(state.inventory, inventory_file, state.cwd, group_data)

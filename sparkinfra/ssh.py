@@ -10,8 +10,6 @@ from pyinfra.api.state import BaseStateCallback, State
 
 from .facts import unproxied
 
-_tuned: set[int] = set()  # id() of each state already handled
-
 
 def prompt_replies(state: State) -> None:
     """
@@ -21,12 +19,9 @@ def prompt_replies(state: State) -> None:
 
     .. code:: python
 
-        ssh.prompt_replies(state)  # first line of a deploy
+        ssh.prompt_replies(state)  # once per run: run.start() does
     """
     state = unproxied(state)
-    if id(state) in _tuned:
-        return
-    _tuned.add(id(state))
     for host in state.inventory:
         if host.connected:
             no_delay(host)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
+from . import scripts
 from .settings import Cluster
 
 MANIFEST = ".sparkinfra-manifest.json"
@@ -32,10 +33,9 @@ def models(cluster: Cluster) -> list[tuple[str, str]]:
 
 
 def tool_source() -> str:
-    """The snapshot tool (``sparkinfra/remote/snapshot_tool.py``), run on nodes with python3."""
-    from pathlib import Path
+    """The snapshot tool (``sparkinfra/scripts/snapshot_tool.py``), run on nodes with python3."""
 
-    return (Path(__file__).parent / "remote" / "snapshot_tool.py").read_text()
+    return scripts.text("snapshot_tool.py")
 
 
 def pull_script(repo: str, source: str, streams: int, deep: bool = False) -> str:

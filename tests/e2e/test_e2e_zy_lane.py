@@ -256,7 +256,7 @@ def test_lock_of_a_killed_converge_is_taken_over(serving):
     victim.kill()
     victim.wait()
     run = bed.converge(INV, "deploys/serve.py")
-    assert f"taking over the converge lock left by a run that did not finish: root@" in run.stderr, run.stderr[-2000:]
+    assert "taking over the converge lock left by a run that did not finish: root@" in run.stderr, run.stderr[-2000:]
     assert f"pid {victim.pid}" in run.stderr
     assert bed.node("spark-1", "test -e /run/sparkinfra/converge.holder", check=False).returncode != 0
     _assert_serving(bed)

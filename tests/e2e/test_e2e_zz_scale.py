@@ -3,7 +3,6 @@ Scale (runs last): two pairs in one inventory, each cluster its own head and por
 run; eight nodes behind the switch prepare, stage and verify. Serving stays on the pair (2 cores).
 """
 
-import pytest
 
 DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
 

@@ -13,7 +13,8 @@ from pyinfra.api import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 
-from sparkinfra.settings import Cluster, load_settings
+from sparkinfra.run import checked_settings
+from sparkinfra.settings import Cluster
 
 # The seeds' pair: head bluey (rank 0), worker reddie (rank 1), cabled directly.
 PAIR_HOSTS = [
@@ -40,6 +41,6 @@ def load_cluster(root: Path, group: dict | None = None, hosts: list | None = Non
     )
     with ctx_state.use(State()):
         inventory = make_inventory_from_files(str(project / "inventory" / f"{name}.py"), {}, str(project))
-        settings = load_settings(inventory, inventory_file=f"inventory/{name}.py", cwd=str(project))
+        settings = checked_settings(inventory, inventory_file=f"inventory/{name}.py", cwd=str(project))
     (cluster,) = settings.clusters.values()
     return cluster

@@ -44,7 +44,7 @@ from sparkinfra.lanes import (
     vllm_errors,
     vllm_request,
 )
-from sparkinfra.remote.vllm_check import strip_flags
+from sparkinfra.scripts.vllm_check import strip_flags
 from spark_cluster import load_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -485,7 +485,7 @@ def test_bad_lane_refused(path, cluster_of, request):
         lane = load_lane(path)
     except LaneError as exc:
         message = str(exc)
-        assert message.startswith(f"{lanes._display(path)}, "), message  # the file first, then line/key
+        assert message.startswith(f"{lanes.display(path)}, "), message  # the file first, then line/key
         assert want["expect"] in message
         return
     cluster = cluster_of(lane, int(want.get("cluster-nodes", 2)))
@@ -494,7 +494,7 @@ def test_bad_lane_refused(path, cluster_of, request):
         messages += vllm_errors(lane, request.getfixturevalue("vllm_results")[f"lanes_bad/{path.name}"])
     assert messages, f"{path.name} was not refused"
     assert any(want["expect"] in m for m in messages), messages
-    assert all(m.startswith(lanes._display(path)) for m in messages)
+    assert all(m.startswith(lanes.display(path)) for m in messages)
 
 
 # eugr recipes
@@ -537,7 +537,7 @@ def test_eugr_mods_refused():
     with pytest.raises(LaneError) as exc:
         import_eugr(EUGR / "minimax-m3-b12x-mods.yaml")
     assert str(exc.value).startswith(
-        f"{lanes._display(EUGR / 'minimax-m3-b12x-mods.yaml')}, line 9, key 'mods': mods patch the container at launch"
+        f"{lanes.display(EUGR / 'minimax-m3-b12x-mods.yaml')}, line 9, key 'mods': mods patch the container at launch"
     )
 
 
@@ -573,7 +573,7 @@ def test_eugr_refusals(tmp_path, change, key, fragment):
     with pytest.raises(LaneError) as exc:
         import_eugr(path)
     assert f"key '{key}'" in str(exc.value) and fragment in str(exc.value), str(exc.value)
-    assert str(exc.value).startswith(f"{lanes._display(path)}, line ")
+    assert str(exc.value).startswith(f"{lanes.display(path)}, line ")
 
 
 def test_eugr_cli(tmp_path):

@@ -26,7 +26,8 @@ from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 from pyinfra_cli.util import parse_cli_arg
 
-from sparkinfra.settings import CLUSTER_KEYS, InventorySettingsError, SettingsError, Settings, load_settings
+from sparkinfra.run import checked_settings
+from sparkinfra.settings import CLUSTER_KEYS, InventorySettingsError, SettingsError, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -94,7 +95,7 @@ def load(root: Path, data: tuple[str, ...] = (), name: str = "lab") -> Settings:
     with ctx_state.use(State()):
         # An absolute path: pyinfra caches compiled files by the name it is given.
         inventory = make_inventory_from_files(str(root / "inventory" / f"{name}.py"), parse_data(data), str(root))
-        return load_settings(inventory, inventory_file=f"inventory/{name}.py", cwd=str(root))
+        return checked_settings(inventory, inventory_file=f"inventory/{name}.py", cwd=str(root))
 
 
 @pytest.fixture
@@ -412,7 +413,7 @@ def test_seeds_pair_bad_data_names_data(monkeypatch):
 # validate_inventory: refused while the inventory loads
 # -----------------------------------------------------
 
-VALIDATE = "\nfrom sparkinfra.settings import validate_inventory  # noqa: E402\n\nvalidate_inventory(__file__)\n"
+VALIDATE = "\nfrom sparkinfra.run import validate_inventory  # noqa: E402\n\nvalidate_inventory(__file__)\n"
 
 
 def test_validate_inventory_raises_pyinfra_error(tmp_path, monkeypatch):

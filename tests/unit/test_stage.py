@@ -1,5 +1,5 @@
 """
-Staging, decided off-line: ``sparkinfra/remote/snapshot_tool.py`` (the stdlib script nodes run:
+Staging, decided off-line: ``sparkinfra/scripts/snapshot_tool.py`` (the stdlib script nodes run:
 manifests, compare, plan, adopt) on HF-cache-layout snapshots written in ``tmp_path`` by
 ``sparkbed.make_snapshot`` (small sizes), and ``sparkinfra.stage`` (which repos, and the
 shell the head and workers run). No host, daemon or network is involved: the shell is only
@@ -23,7 +23,7 @@ import pytest
 
 from sparkinfra import stage
 from sparkbed import make_snapshot
-from sparkinfra.remote import snapshot_tool as tool
+from sparkinfra.scripts import snapshot_tool as tool
 from spark_cluster import load_cluster
 
 KIB = 1024

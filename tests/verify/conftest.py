@@ -16,16 +16,12 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import testinfra
-from pyinfra.api import State
-from pyinfra.context import ctx_state
-from pyinfra_cli.inventory import make_inventory_from_files
-from pyinfra_cli.util import parse_cli_arg
 
-from sparkinfra.settings import Cluster, Node, load_settings
+from sparkinfra.run import load_files
+from sparkinfra.settings import Cluster, Node
 
 
 def pytest_addoption(parser):
@@ -70,15 +66,7 @@ def _load(config):
     path = config.getoption("inventory")
     if not path:
         raise pytest.UsageError("tests/verify needs --inventory (e.g. --inventory inventory/pair.py)")
-    override = {}
-    for item in config.getoption("data"):
-        key, _, value = item.partition("=")
-        override[key] = parse_cli_arg(value)
-    cwd = str(Path.cwd())
-    if not ctx_state.isset():
-        ctx_state.set(State())  # pyinfra's loader executes files in a state's context
-    inventory = make_inventory_from_files(path, override, cwd)
-    return inventory, load_settings(inventory, inventory_file=path, cwd=cwd)
+    return load_files(path, config.getoption("data"))
 
 
 def _testinfra_host(data) -> testinfra.host.Host:

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from sparkinfra import lanes, serving
-from sparkinfra.facts import DockerContainer, LaneStatus, LaneUnits
+from sparkinfra.facts import LaneStatus, LaneUnits
 
 
 def _lane(target):

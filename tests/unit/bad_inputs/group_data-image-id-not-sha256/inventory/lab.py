@@ -6,6 +6,6 @@ lab = [
 ]
 
 # Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.settings import validate_inventory  # noqa: E402
+from sparkinfra.run import validate_inventory  # noqa: E402
 
 validate_inventory(__file__)

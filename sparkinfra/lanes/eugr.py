@@ -1,0 +1,220 @@
+"""
+An eugr/spark-vllm-docker recipe imported as a lane: its ``vllm serve`` command line read into
+settings, what sparkinfra renders itself refused with the recipe's key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..settings import HostSettings
+from .schema import (
+    PLACEHOLDER_RE,
+    Lane,
+    LaneError,
+    display,
+    key_text,
+    line_of,
+    locate,
+    read_yaml,
+    validation_error,
+)
+
+# Short flags of ``vllm serve`` a recipe may use.
+_SHORT_FLAGS = {
+    "-tp": "tensor_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "-dp": "data_parallel_size",
+    "-cc": "compilation_config",
+    "-q": "quantization",
+}
+_RECIPE_KEYS = {
+    "name", "recipe_version", "description", "model", "container", "command", "defaults", "env", "mods",
+    "build_args", "cluster_only", "solo_only",
+}
+_PER_RANK = ("nnodes", "node_rank", "master_addr", "master_port", "headless", "data_parallel_rank")
+
+
+def _value(text: str) -> Any:
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d*\.\d+([eE]-?\d+)?", text):
+        return float(text)
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _command_settings(tokens: list[str], refuse) -> tuple[str | None, dict[str, Any]]:
+    """(positional model, settings by flag name) of a ``vllm serve`` argument list."""
+    model = None
+    settings: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("-"):
+            if model is None and not settings:
+                model = token
+                continue
+            refuse(f"unexpected argument {token!r}")
+        name, eq, inline = token.partition("=")
+        if name in _SHORT_FLAGS or name.split(".")[0] in _SHORT_FLAGS:
+            head, _, rest = name.partition(".")
+            name = "--" + _SHORT_FLAGS[head].replace("_", "-") + (f".{rest}" if rest else "")
+        elif not name.startswith("--"):
+            refuse(f"short flag {name}: spell it out (--name)")
+        key = name[2:].replace("-", "_")
+        if eq:
+            value: Any = _value(inline)
+        elif i < len(tokens) and not re.match(r"-[A-Za-z-]", tokens[i]):
+            value = _value(tokens[i])
+            i += 1
+            while i < len(tokens) and not tokens[i].startswith("-"):  # nargs="+"
+                value = [*(value if isinstance(value, list) else [value]), _value(tokens[i])]
+                i += 1
+        elif key.startswith("no_"):
+            key, value = key[3:], False
+        else:
+            value = True
+        if "." in key:  # -cc.mode=X: one key of a JSON setting
+            top, *inner = key.split(".")
+            target = settings.setdefault(top, {})
+            if not isinstance(target, dict):
+                refuse(f"{name} after a whole --{top.replace('_', '-')}")
+            for part in inner[:-1]:
+                target = target.setdefault(part, {})
+            target[inner[-1]] = value
+        else:
+            settings[key] = value
+    return model, settings
+
+
+def import_eugr(path: str | Path) -> Lane:
+    """
+    A lane from an eugr/spark-vllm-docker recipe (v1: name, recipe_version, container, command,
+    defaults, env, mods...). The lane is named after the recipe file.
+
+    Refused (``LaneError`` naming the file and key): mods (they patch the container at launch),
+    command placeholders without a default, shell expansions in env, and flags sparkinfra sets
+    per rank or from the cluster's settings.
+    """
+    path = Path(path)
+    source = display(path)
+    recipe, lines = read_yaml(path, source)
+
+    def refuse(key: str, message: str):
+        raise LaneError(f"{locate(source, key, line_of(lines, tuple(key.split('.'))))}: {message}")
+
+    for key in recipe:
+        if key not in _RECIPE_KEYS:
+            refuse(str(key), "unknown recipe key (eugr recipe v1)")
+    for key in ("name", "recipe_version", "container", "command"):
+        if key not in recipe:
+            refuse(key, "required recipe key is missing")
+    if str(recipe["recipe_version"]) != "1":
+        refuse("recipe_version", f"version {recipe['recipe_version']!r}: only version 1 recipes can be imported")
+    if recipe.get("mods"):
+        mods = ", ".join(str(m) for m in recipe["mods"])
+        refuse("mods", f"mods patch the container at launch ({mods}); a lane runs its image as built: "
+                       "bake them into the image, drop mods, and import again")
+
+    defaults = dict(recipe.get("defaults") or {})
+    try:
+        command = str(recipe["command"]).format(**defaults)
+    except KeyError as exc:
+        refuse("command", f"placeholder {{{exc.args[0]}}} has no value in defaults")
+    except (IndexError, ValueError) as exc:
+        refuse("command", f"cannot fill placeholders: {exc}")
+    try:
+        tokens = shlex.split(command.replace("\\\n", " "))
+    except ValueError as exc:
+        refuse("command", f"not a shell command: {exc}")
+    if tokens[:2] != ["vllm", "serve"]:
+        refuse("command", "only `vllm serve ...` commands can be imported")
+
+    model, settings = _command_settings(tokens[2:], lambda message: refuse("command", message))
+    model = model or settings.pop("model", None) or recipe.get("model")
+    if not model:
+        refuse("command", "no model (vllm serve MODEL)")
+    if recipe.get("model") and recipe["model"] != model:
+        refuse("model", f"{recipe['model']!r} differs from the command's model {model!r}")
+    for key in ("revision", *_PER_RANK):
+        if key in settings:
+            where = "the cluster's model_revision setting" if key == "revision" else "sparkinfra, per rank"
+            refuse("command", f"--{key.replace('_', '-')} is set by {where}; remove it")
+
+    tp = settings.pop("tensor_parallel_size", 1)
+    pp = settings.pop("pipeline_parallel_size", 1)
+    if not isinstance(tp, int) or not isinstance(pp, int):
+        refuse("command", "tensor/pipeline parallel sizes must be numbers")
+    gmu = settings.pop("gpu_memory_utilization", None)
+    if gmu is None:
+        refuse("command", "no --gpu-memory-utilization: a lane pins it")
+    host = settings.pop("host", "0.0.0.0")
+    if host != "0.0.0.0":
+        refuse("command", f"--host {host}: rank 0 serves on 0.0.0.0")
+    port = settings.pop("port", None)
+    backend = settings.pop("distributed_executor_backend", "mp")
+    if backend not in ("mp", "ray"):
+        refuse("command", f"--distributed-executor-backend {backend}: lanes launch with mp or ray")
+    speculative = settings.pop("speculative_config", None)
+    drafter = None
+    if speculative is not None:
+        if not isinstance(speculative, dict):
+            refuse("command", "--speculative-config is not a JSON object")
+        drafter = speculative.pop("model", None)
+    if backend == "mp" and tp * pp > 1:
+        settings["distributed_executor_backend"] = "mp"
+    if recipe.get("solo_only") and tp * pp != 1:
+        refuse("solo_only", f"a solo recipe with {tp * pp} GPUs")
+    if recipe.get("cluster_only") and tp * pp == 1:
+        refuse("cluster_only", "a cluster recipe on one GPU")
+
+    env = {}
+    for key, value in (recipe.get("env") or {}).items():
+        text = "" if value is None else (json.dumps(value) if isinstance(value, bool) else str(value))
+        if "$" in text:
+            refuse(f"env.{key}", f"{text!r} expands a shell variable at launch; a lane's values are literal")
+        if PLACEHOLDER_RE.search(text):
+            refuse(f"env.{key}", f"{text!r}: unknown placeholder")
+        env[str(key)] = text
+
+    description = str(recipe.get("description") or recipe["name"])
+    if recipe.get("build_args"):
+        description += f" (image built with: {' '.join(str(a) for a in recipe['build_args'])})"
+    data = {
+        "name": path.stem,
+        "description": description,
+        "model": model,
+        "drafter": drafter,
+        "image": str(recipe["container"]),
+        "nodes": tp * pp,
+        "tensor_parallel": tp,
+        "pipeline_parallel": pp,
+        "launch": backend,
+        "served_model_name": settings.pop("served_model_name", None),
+        "gpu_memory_utilization": gmu,
+        "api_port": port if port != HostSettings.model_fields["api_port"].default else None,
+        "serve": settings,
+        "speculative": speculative,
+        "env": env,
+    }
+    try:
+        return Lane.model_validate({k: v for k, v in data.items() if v is not None})
+    except ValidationError as exc:
+        lane_path, message = validation_error(exc, data)
+        if lane_path[:1] == ("env",):
+            recipe_key = key_text(lane_path)
+        else:
+            recipe_key = "container" if lane_path[:1] == ("image",) else "command"
+        refuse(recipe_key, f"{message} (lane key {key_text(lane_path) or '-'})")

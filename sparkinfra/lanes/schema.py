@@ -1,0 +1,422 @@
+"""
+The lane schema and loader: ``lanes/<name>.yaml`` as validated data, every error naming the file,
+the key and the line.
+
+Over 400 lines: the schema's rules and the YAML line tracker that places their errors belong
+together; an error without its line sends the user hunting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from pyinfra.api.exceptions import PyinfraError
+
+from .. import scripts
+
+LANES_DIR = Path(__file__).resolve().parents[2] / "lanes"
+CHECK_SCRIPT = scripts.path("vllm_check.py")
+CHECK_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkinfra" / "vllm-check"
+
+# The start of the note ``validate_with_vllm`` returns when the given python has no vLLM.
+NO_VLLM = "vLLM is not importable"
+
+# What a lane's env values may refer to; filled per rank by ``launch``.
+PLACEHOLDERS = ("rank", "fabric_ip", "head_ip")
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# ``vllm serve`` settings sparkinfra renders itself, and where each one comes from.
+RESERVED = {
+    "model": "the lane's `model`",
+    "model_tag": "the lane's `model`",
+    "revision": "the cluster's `model_revision` setting",
+    "served_model_name": "the lane's `served_model_name`",
+    "tensor_parallel_size": "the lane's `tensor_parallel`",
+    "pipeline_parallel_size": "the lane's `pipeline_parallel`",
+    "nnodes": "the lane's `nodes`",
+    "node_rank": "each node's rank",
+    "master_addr": "the head's fabric address",
+    "master_port": "`master_port` (lane, else cluster setting)",
+    "gpu_memory_utilization": "the lane's `gpu_memory_utilization`",
+    "host": "sparkinfra (rank 0 serves on 0.0.0.0)",
+    "port": "`api_port` (lane, else cluster setting)",
+    "headless": "sparkinfra (every rank above 0)",
+    "speculative_config": "the lane's `speculative` (its model from `drafter`)",
+}
+
+
+class LaneError(PyinfraError):
+    """A bad lane: one message naming the file, the key and the line (pyinfra prints it without a traceback)."""
+
+
+def _rule(message: str, *path: str | int) -> PydanticCustomError:
+    # "{message}" keeps braces in the message (placeholders) as they are.
+    return PydanticCustomError("lane", "{message}", {"message": message, "path": path})
+
+
+def _is_json(value: Any) -> bool:
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return True
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+# The model
+# ---------
+
+
+class Container(BaseModel):
+    """How a lane's container runs (``docker run`` options, entry point)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: str | None = Field("all", description="``--gpus``; null: none (CPU).")
+    shm_size: str | None = Field(None, pattern=r"^\d+[bkmgBKMG]?$", description="``--shm-size``.")
+    ipc: str = Field("host", pattern=r"^(host|private|shareable|none|container:.+)$", description="``--ipc``.")
+    ulimits: dict[str, str] = Field(default_factory=dict, description="``--ulimit name=value``.")
+    mounts: list[str] = Field(default_factory=list, description="``-v src:dst[:ro]``, absolute paths.")
+    entrypoint: list[str] = Field(["vllm", "serve"], min_length=1, description="Command before the serve args.")
+    extra_args: list[str] = Field(default_factory=list, description="Further ``docker run`` options.")
+
+    @field_validator("ulimits", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "Container":
+        for name, value in self.ulimits.items():
+            if not re.fullmatch(r"[a-z]+", name) or not re.fullmatch(r"-?\d+(:-?\d+)?", value):
+                raise _rule(f"{name}={value} is not a ulimit (name: soft[:hard])", "ulimits", name)
+        for i, mount in enumerate(self.mounts):
+            if not re.fullmatch(r"/[^:]*:/[^:]*(:(ro|rw))?", mount):
+                raise _rule(f"{mount!r} is not src:dst[:ro] with absolute paths", "mounts", i)
+        for i, part in enumerate(self.entrypoint):
+            if not part:
+                raise _rule("empty argument", "entrypoint", i)
+        return self
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Warmup(BaseModel):
+    """One throwaway request of one workload shape, sent before anything is measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    prompt: str | None = Field(None, description="A completions request.")
+    messages: list[Message] | None = Field(None, min_length=1, description="A chat request.")
+    max_tokens: int = Field(ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Warmup":
+        if (self.prompt is None) == (self.messages is None):
+            raise _rule("give exactly one of prompt (completions) or messages (chat)", "prompt")
+        if self.prompt is not None:
+            for key in ("chat_template_kwargs", "response_format"):
+                if getattr(self, key) is not None:
+                    raise _rule("only for a chat request (messages)", key)
+        return self
+
+
+class Lane(BaseModel):
+    """
+    One serving recipe. Every ``vllm serve`` setting sparkinfra does not render itself goes in
+    ``serve``, keyed by flag name with underscores.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="The file's stem.")
+    description: str = ""
+
+    model: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="Target model (HF repo id).")
+    drafter: str | None = Field(None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="Drafter (HF repo id).")
+    image: str | None = Field(None, min_length=1, description="Container image; null: the cluster's `image`.")
+
+    nodes: int = Field(ge=1)
+    tensor_parallel: int = Field(ge=1)
+    pipeline_parallel: int = Field(1, ge=1)
+    launch: Literal["mp", "ray"] = Field("mp", description="mp: torch.distributed (--nnodes); ray: a Ray cluster.")
+    ray_port: int = Field(6379, ge=1, le=65535)
+
+    served_model_name: str | None = Field(None, min_length=1, description="null: the model's repo id.")
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    api_port: int | None = Field(None, ge=1, le=65535, description="null: the cluster's `api_port`.")
+    master_port: int | None = Field(None, ge=1, le=65535, description="null: the cluster's `master_port`.")
+
+    serve: dict[str, Any] = Field(default_factory=dict, description="Further `vllm serve` settings.")
+    speculative: dict[str, Any] | None = Field(None, description="Speculative config; `model` comes from drafter.")
+    env: dict[str, str] = Field(default_factory=dict, description="Lane environment; {rank} {fabric_ip} {head_ip}.")
+    image_flags: list[str] = Field(default_factory=list, description="Flags only the lane's image knows.")
+    container: Container = Field(default_factory=Container)
+    warmup: list[Warmup] = Field(default_factory=list)
+    startup_checks: list[str] = Field(default_factory=list, description="Regexes rank 0's start-up log shows.")
+
+    _source: str | None = PrivateAttr(None)  # the file it was read from
+
+    @model_validator(mode="after")
+    def _check(self) -> "Lane":
+        gpus = self.tensor_parallel * self.pipeline_parallel
+        if gpus != self.nodes:
+            raise _rule(
+                f"tensor_parallel × pipeline_parallel = {self.tensor_parallel} × {self.pipeline_parallel} = "
+                f"{gpus}, but a lane of {self.nodes} node(s) has {self.nodes} GPU(s) (one GB10 per node)",
+                "tensor_parallel",
+            )
+        ports = [(k, getattr(self, k)) for k in ("api_port", "master_port") if getattr(self, k) is not None]
+        if self.launch == "ray":
+            ports.append(("ray_port", self.ray_port))
+        for i, (key, port) in enumerate(ports):
+            for other, taken in ports[:i]:
+                if port == taken:
+                    raise _rule(f"port {port} is also the lane's {other}", key)
+        for key, value in self.serve.items():
+            self._check_serve(key, value)
+        if self.speculative is not None:
+            for key, value in self.speculative.items():
+                if key == "model":
+                    message = "filled from the lane's `drafter` (and its pinned revision); remove it"
+                    raise _rule(message, "speculative", key)
+                if not _is_json(value):
+                    raise _rule(f"{value!r} is not a JSON value", "speculative", key)
+        if self.drafter and self.speculative is None:
+            raise _rule("a drafter needs `speculative` (method, num_speculative_tokens...)", "drafter")
+        for key, value in self.env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise _rule("not an environment variable name", "env", key)
+            if "$" in value:
+                raise _rule("values are passed as they are (no shell expansion): remove the '$'", "env", key)
+            for name in PLACEHOLDER_RE.findall(value):
+                if name not in PLACEHOLDERS:
+                    raise _rule(
+                        f"placeholder {{{name}}} is not allowed (only {', '.join('{%s}' % p for p in PLACEHOLDERS)})",
+                        "env", key,
+                    )
+        for i, flag in enumerate(self.image_flags):
+            if not re.fullmatch(r"--?[A-Za-z][A-Za-z0-9_.-]*", flag):
+                raise _rule(f"{flag!r} is not a flag (e.g. --attention-backend)", "image_flags", i)
+        for i, pattern in enumerate(self.startup_checks):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise _rule(f"not a regular expression: {exc}", "startup_checks", i) from None
+        seen = set()
+        for i, warmup in enumerate(self.warmup):
+            if warmup.name in seen:
+                raise _rule(f"warm-up name {warmup.name!r} is used twice", "warmup", i, "name")
+            seen.add(warmup.name)
+        return self
+
+    def _check_serve(self, key: str, value: Any) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+            raise _rule("a vllm serve flag name with underscores (e.g. max_model_len)", "serve", key)
+        if key in RESERVED:
+            raise _rule(f"set by sparkinfra from {RESERVED[key]}; remove it from serve", "serve", key)
+        if key == "distributed_executor_backend":
+            if self.launch == "ray":
+                raise _rule("set by sparkinfra on the head for launch: ray; remove it", "serve", key)
+            if value != "mp":
+                raise _rule(f"{value!r} contradicts launch: mp", "serve", key)
+        scalar = (str, bool, int, float)
+        if isinstance(value, list):
+            if not value or not all(isinstance(v, scalar) for v in value):
+                raise _rule("a list needs one or more scalar values", "serve", key)
+        elif isinstance(value, dict):
+            if not _is_json(value):
+                raise _rule("a mapping of JSON values (rendered as a JSON string)", "serve", key)
+        elif not isinstance(value, scalar):
+            raise _rule(f"{value!r} is not a scalar, a list or a mapping", "serve", key)
+        if isinstance(value, str) and "\n" in value:
+            raise _rule("one line only", "serve", key)
+
+
+# Loading
+# -------
+
+
+def display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def locate(source: str, key: str = "", line: int | None = None) -> str:
+    out = source
+    if line:
+        out += f", line {line}"
+    if key:
+        out += f", key '{key}'"
+    return out
+
+
+def key_text(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _lines(node: yaml.Node, source: str, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Line of every key and list item of a composed YAML document, by key path; refuses duplicate keys."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = (*path, key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in out:
+                raise LaneError(f"{locate(source, key_text(key), line)}: key given twice (also line {out[key]})")
+            out[key] = line
+            _lines(value_node, source, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[(*path, i)] = item.start_mark.line + 1
+            _lines(item, source, (*path, i), out)
+    return out
+
+
+def read_yaml(path: Path, source: str) -> tuple[Any, dict[tuple, int]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LaneError(f"{source}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise LaneError(f"{locate(source, line=line)}: not UTF-8 text ({exc.reason})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise LaneError(f"{locate(source, line=line)}: YAML syntax: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise LaneError(f"{source}: YAML syntax: {exc}") from None
+    lines = _lines(node, source) if node is not None else {}
+    if not isinstance(data, dict):
+        raise LaneError(f"{source}: a lane file holds one mapping (name, model, nodes...)")
+    return data, lines
+
+
+def _data_path(data: Any, loc: tuple, keep_last: bool) -> tuple:
+    """The part of a pydantic error location that names keys of the data (drops union tags)."""
+    path: list = []
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            if keep_last:
+                path.append(part)
+            break
+        path.append(part)
+    return tuple(path)
+
+
+def line_of(lines: dict[tuple, int], path: tuple) -> int | None:
+    for end in range(len(path), 0, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return None
+
+
+def validation_error(exc: ValidationError, data: dict) -> tuple[tuple, str]:
+    """(key path, message) of the first error."""
+    err = exc.errors()[0]
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    path = _data_path(data, tuple(err["loc"]), keep_last=kind in ("missing", "extra_forbidden"))
+    path = (*path, *ctx.get("path", ()))
+    if kind == "extra_forbidden":
+        message = "unknown key"
+    elif kind == "missing":
+        message = "required key is missing"
+    elif kind == "lane":
+        message = ctx["message"]
+    else:
+        shown = repr(err.get("input"))
+        message = f"{err['msg']} (got {shown[:80]})"
+    return path, message
+
+
+def _validate(data: dict, source: str, lines: dict[tuple, int]) -> Lane:
+    try:
+        return Lane.model_validate(data)
+    except ValidationError as exc:
+        path, message = validation_error(exc, data)
+        raise LaneError(f"{locate(source, key_text(path), line_of(lines, path))}: {message}") from None
+
+
+def load_lane(path: str | Path) -> Lane:
+    """
+    Read and validate one lane file; its ``name`` must be the file's stem.
+
+    Raises ``LaneError`` naming the file, the key and the line.
+    """
+    path = Path(path)
+    source = display(path)
+    data, lines = read_yaml(path, source)
+    lane = _validate(data, source, lines)
+    if lane.name != path.stem:
+        raise LaneError(
+            f"{locate(source, 'name', lines.get(('name',)))}: {lane.name!r} differs from the file name "
+            f"(lanes/{lane.name}.yaml)"
+        )
+    lane._source = source
+    return lane
+
+
+def lane_dirs(project: str | Path | None = None) -> list[Path]:
+    """
+    Where lanes are looked up, in order: the project's own ``lanes/`` (in ``project``, the folder
+    pyinfra runs from, as for ``group_data/``; default: the current folder), then ``LANES_DIR``
+    (the lanes shipped with sparkinfra).
+    """
+    own = Path(project if project is not None else Path.cwd()) / "lanes"
+    return [own, LANES_DIR] if own.is_dir() and own.resolve() != LANES_DIR else [LANES_DIR]
+
+
+def find_lane(name: str, lanes_dir: str | Path | None = None, project: str | Path | None = None) -> Lane:
+    """The lane ``<name>.yaml`` in ``lanes_dir``, else the first of ``lane_dirs(project)`` holding it."""
+    dirs = [Path(lanes_dir)] if lanes_dir is not None else lane_dirs(project)
+    for folder in dirs:
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            return load_lane(path)
+    known = ", ".join(sorted({p.stem for folder in dirs for p in folder.glob("*.yaml")})) or "none"
+    where = " or ".join(display(folder) for folder in dirs)
+    raise LaneError(f"no lane {name!r} in {where} (lanes: {known})")
+
+
+def lane_source(lane: Lane) -> str:
+    """The file a lane was read from (``lanes/<name>.yaml`` when built in code)."""
+    return lane._source or f"lanes/{lane.name}.yaml"

@@ -1,0 +1,197 @@
+"""
+The start of every deploy: once per pyinfra run, the inventory's settings are validated (lanes
+included), SSH is tuned and the converge lock is taken on every head; then each host learns its
+cluster and role. Also the one loader of an inventory outside pyinfra's CLI (``load_files``: chat,
+the verify suite, tests) and the check inventory files run while pyinfra loads them.
+
+.. code:: python
+
+    from sparkinfra import run
+
+    here = run.start()  # the first line of a deploy
+    here.cluster, here.node, here.is_head
+"""
+
+from __future__ import annotations
+
+import traceback
+import weakref
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import State
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ctx_state
+
+from . import lanes, lock, preflight, ssh
+from .facts import unproxied
+from .settings import (
+    Cluster,
+    InventorySettingsError,
+    Node,
+    Settings,
+    SettingsError,
+    display,
+    load_settings,
+)
+
+
+@dataclass(frozen=True)
+class Here:
+    """What a deploy knows of the host it runs for."""
+
+    settings: Settings
+    cluster: Cluster
+    node: Node
+
+    @property
+    def is_head(self) -> bool:
+        return self.node == self.cluster.head
+
+
+@dataclass
+class _Run:
+    settings: Settings
+    preflight_done: bool = False
+
+
+# The one record of runs already started, by construction: the key is the run's own state.
+_runs: weakref.WeakKeyDictionary[State, _Run] = weakref.WeakKeyDictionary()
+
+
+def start(preflight_first: bool = False) -> Here:
+    """
+    Start this pyinfra run (the first call does the run-level work; later calls only look up)
+    and say which cluster and role the current host has.
+
+    + preflight_first: check every node once (``preflight.run``) before any operation
+    """
+    state = unproxied(ctx_state.get())
+    record = _runs.get(state)
+    if record is None:
+        settings = _settings_of_run(state)
+        ssh.prompt_replies(state)  # no delayed-ACK wait on each command
+        lock.hold(state, state.inventory, settings, dry=bool(cli_params().get("dry")))  # one converge at a time
+        record = _runs[state] = _Run(settings)
+    if preflight_first and not record.preflight_done:
+        record.preflight_done = True
+        preflight.run(state, record.settings)
+    cluster = record.settings.cluster_of(host.name)
+    return Here(record.settings, cluster, cluster.node(host.name))
+
+
+def checked_settings(inventory, inventory_file: str | None = None, cwd: str | None = None,
+                     group_data_dirs: list[str] | tuple[str, ...] = ()) -> Settings:
+    """``settings.load_settings`` with each cluster's lane found and checked against it."""
+    return load_settings(inventory, inventory_file, cwd, group_data_dirs,
+                         check_lane=partial(lanes.lane_problems, project=cwd))
+
+
+def load_files(inventory_file: str, data: list[str] | tuple[str, ...] = (),
+               cwd: str | None = None) -> tuple[Any, Settings]:
+    """
+    The inventory and its settings as pyinfra's CLI builds them from ``inventory_file``,
+    ``group_data/`` and ``data`` (``key=value`` strings, as ``--data``), outside a pyinfra run.
+    """
+    from pyinfra_cli.inventory import make_inventory_from_files
+    from pyinfra_cli.util import parse_cli_arg
+
+    override = {}
+    for item in data:
+        key, _, value = item.partition("=")
+        override[key] = parse_cli_arg(value)
+    cwd = cwd or str(Path.cwd())
+    if not ctx_state.isset():
+        ctx_state.set(State())  # pyinfra's loader executes files in a state's context
+    inventory = make_inventory_from_files(inventory_file, override, cwd)
+    return inventory, checked_settings(inventory, inventory_file, cwd)
+
+
+# pyinfra's command line: the one place that reads it
+# ---------------------------------------------------
+
+
+def cli_params() -> dict[str, Any]:
+    """Parameters of the running pyinfra command line (``inventory``, ``data``, ``dry``...), if any."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.params) if ctx is not None else {}
+
+
+def _cli_override_data() -> dict[str, Any]:
+    """``--data key=value`` of the running pyinfra command, parsed as pyinfra parses it."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    params = cli_params()
+    data = {}
+    for arg in params.get("data") or ():
+        key, _, value = arg.partition("=")
+        data[key] = parse_cli_arg(value)
+    if params.get("ssh_user"):
+        data["ssh_user"] = params["ssh_user"]
+    return data
+
+
+def _settings_of_run(state: State) -> Settings:
+    """The validated settings of a pyinfra run's inventory."""
+    inventory_file = cli_params().get("inventory")
+    if inventory_file and Path(inventory_file).is_file():
+        inventory_file = display(Path(inventory_file))
+    else:
+        inventory_file = None
+    group_data = tuple(cli_params().get("group_data") or ())
+    return checked_settings(state.inventory, inventory_file, state.cwd, group_data)
+
+
+_validating: set[str] = set()
+
+
+def validate_inventory(inventory_file: str) -> Settings | None:
+    """
+    Validate an inventory file's settings while pyinfra loads it, before any host connects.
+
+    Called at the end of each inventory file. Builds the inventory the way pyinfra's CLI
+    does (the file, ``group_data/``, ``--data``) and raises ``InventorySettingsError``
+    (a pyinfra error: printed without a traceback) on the first bad key, or naming the file
+    and line of a Python error in a ``group_data`` file.
+    """
+    from pyinfra_cli.inventory import make_inventory_from_files
+
+    path = str(Path(inventory_file).resolve())
+    if path in _validating:  # the nested load below executes this file again
+        return None
+    _validating.add(path)
+    try:
+        cwd = str(Path.cwd())
+        group_data = list(cli_params().get("group_data") or ())
+        try:
+            inventory = make_inventory_from_files(path, _cli_override_data(), cwd, group_data)
+        except PyinfraError:
+            raise
+        except Exception as exc:  # a broken inventory or group_data file: say where, not how pyinfra got there
+            raise InventorySettingsError(f"bad settings: {_load_error(exc, path)}") from None
+        return checked_settings(inventory, display(Path(path)), cwd, group_data)
+    except SettingsError as exc:
+        raise InventorySettingsError(f"bad settings: {exc}") from None
+    finally:
+        _validating.discard(path)
+
+
+def _load_error(exc: Exception, inventory_file: str) -> str:
+    """``<file>, line <n>: <what>`` of an error raised while pyinfra reads an inventory or group_data file."""
+    from pyinfra_cli.exceptions import UnexpectedExternalError
+
+    if isinstance(exc, SyntaxError):
+        return f"{display(Path(exc.filename or inventory_file))}, line {exc.lineno}: Python syntax: {exc.msg}"
+    filename, line = inventory_file, None
+    if isinstance(exc, UnexpectedExternalError):  # raised by the file's own code
+        filename, exc = exc.filename, exc.exception
+        for frame, lineno in traceback.walk_tb(exc.__traceback__):
+            if frame.f_code.co_filename == filename:
+                line = lineno
+    where = f"{display(Path(filename))}, line {line}" if line else display(Path(filename))
+    return f"{where}: {type(exc).__name__}: {exc}"
