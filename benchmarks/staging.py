@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed
-from sparkinfra import stage  # noqa: E402
-from sparkinfra.facts import _snapshot_tool_command  # noqa: E402
+from sparkinfra import transfer  # noqa: E402
+from sparkinfra.facts.stage import snapshot_tool_command
 
 HEAD, WORKER = "spark-1", "spark-2"
 REPO, REV = "sparkbed/bench-moe", "bench000000000000000000000000000000000001"
 CACHE = "/var/lib/sparkinfra/hf"
-REPO_DIR = stage.repo_dir(CACHE, REPO)
+REPO_DIR = transfer.repo_dir(CACHE, REPO)
 LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 4, 512 << 20, 400, 64 << 10
 PY = str(Path(sys.executable))
 
@@ -104,15 +104,15 @@ def main() -> int:
 
     # 3. The tool: what snapshot_on_workers runs (daemon on the fabric, the worker's parallel pulls).
     drop_worker_copy()
-    sh(HEAD, _snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
+    sh(HEAD, snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
     started = time.monotonic()
-    sh(HEAD, stage.head_transfer_script(REPO_DIR, [worker_ip], head_ip, 8730, 8))
+    sh(HEAD, transfer.head_transfer_script(REPO_DIR, [worker_ip], head_ip, 8730, 8))
     tool = time.monotonic() - started
-    digest = json.loads(sh(HEAD, _snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
+    digest = json.loads(sh(HEAD, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
 
     # 4. The no-op restage: the worker's check alone, and a whole converge of deploys/stage.py.
     started = time.monotonic()
-    check = json.loads(sh(WORKER, _snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)
+    check = json.loads(sh(WORKER, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)
     noop_check = time.monotonic() - started
     assert check["digest"] == digest, "the worker's copy does not match after staging"
     pyinfra("inventory/sim.py", "deploys/stage.py", *data)  # stages the image too, if needed
@@ -128,7 +128,7 @@ def main() -> int:
     print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s "
           f"(pyinfra's floor: start, connect, one fact {floor:.2f} s; staging's part {noop_converge - floor:.2f} s)")
 
-    # The image: the seeds' pipe vs what deploys/stage.py runs (stage.image_fanout_script: one save
+    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_script: one save
     # teed to each worker's load, then the ID check), each twice in the order seeds, tool, tool, seeds
     # (the second of two runs finds warmer caches); best of each. Then the ID check alone, timed.
     image = bed.IMAGE
@@ -137,7 +137,7 @@ def main() -> int:
     head_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     methods = {
         "seeds": f"docker save {quoted} | ssh {worker_ip} 'sudo -n docker load -q' >/dev/null",
-        "tool": stage.image_fanout_script(image, head_id, [(WORKER, worker_ip)]),
+        "tool": transfer.image_fanout_script(image, head_id, [(WORKER, worker_ip)]),
     }
     image_times: dict[str, list[float]] = {"seeds": [], "tool": []}
     for name in ("seeds", "tool", "tool", "seeds"):

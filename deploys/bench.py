@@ -10,7 +10,8 @@ offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.m
 from pyinfra import host
 from pyinfra.operations import python
 
-from sparkinfra import bench, operations, run
+from sparkinfra import bench, run
+from sparkinfra.operations.lane import lane_warm
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
 cluster = here.cluster
@@ -18,7 +19,7 @@ cluster = here.cluster
 if here.is_head:
     job = bench.job_for(host, cluster)  # refuses a lane that is not serving its current plan
 
-    operations.lane_warm(
+    lane_warm(
         name=f"Lane {job.meta.lane} is warm (one request per workload shape)",
         lane=job.meta.lane,
         digest=job.meta.extra["plan"],

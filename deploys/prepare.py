@@ -8,15 +8,27 @@ over the fabric, no stale lane container.
 
 from pyinfra import host, inventory
 
-from sparkinfra import facts, operations, reads, run
-from sparkinfra.mesh import (
+from sparkinfra import reads, run
+from sparkinfra.facts.reading import read_ahead
+from sparkinfra.operations.fabric import fabric_address, fabric_link, fabric_persisted
+from sparkinfra.operations.files import text_block
+from sparkinfra.operations.lane import stale_container_absent
+from sparkinfra.operations.mesh import (
     MESH_CONFIG,
     MESH_CONFIG_MARKER,
     MESH_KEY,
     MESH_KNOWN_HOSTS,
+    known_hosts,
     mesh_config,
+    ssh_key_authorized,
+    ssh_key_present,
 )
-from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
+from sparkinfra.operations.nccl import (
+    NCCL_ENV_FILE,
+    nccl_environment,
+    nccl_pinned,
+    nccl_variables,
+)
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
 cluster = here.cluster
@@ -24,21 +36,21 @@ node = here.node
 fabric = cluster.fabric
 config = cluster.config
 address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
-facts.read_ahead(host, reads.prepare_reads(cluster, host.name))  # one command, not one per fact
+read_ahead(host, reads.prepare_reads(cluster, host.name))  # one command, not one per fact
 
-operations.fabric_link(
+fabric_link(
     name=f"Fabric port {fabric.interface} is up with MTU {fabric.mtu}",
     interface=fabric.interface,
     mtu=fabric.mtu,
     up=True,
 )
-operations.fabric_address(
+fabric_address(
     name=f"Fabric address {address} is on {fabric.interface}",
     interface=fabric.interface,
     address=address,
     present=True,
 )
-operations.fabric_persisted(
+fabric_persisted(
     name=f"Fabric address and MTU of {fabric.interface} "
     + ("come back at boot" if config.fabric_persist else "are not in sparkinfra's boot config"),
     interface=fabric.interface,
@@ -47,13 +59,13 @@ operations.fabric_persisted(
     present=config.fabric_persist,
 )
 
-operations.nccl_pinned(
+nccl_pinned(
     name=f"NCCL {config.nccl_version} is pinned at {config.nccl_library}",
     path=config.nccl_library,
     version=config.nccl_version,
     upload=config.nccl_library_upload,
 )
-operations.nccl_environment(
+nccl_environment(
     name=f"NCCL environment of this node is in {NCCL_ENV_FILE}",
     path=NCCL_ENV_FILE,
     variables=nccl_variables(cluster),
@@ -67,13 +79,13 @@ operations.nccl_environment(
 # The head reaches every worker over the fabric, as that worker's user, with its own key.
 head = inventory.get_host(cluster.head.name)
 if here.is_head:
-    operations.ssh_key_present(
+    ssh_key_present(
         name=f"Fabric SSH key of the head is at {MESH_KEY}",
         path=MESH_KEY,
         comment=f"sparkinfra-fabric@{cluster.name}",
     )
 else:
-    operations.ssh_key_authorized(
+    ssh_key_authorized(
         name=f"Head's fabric key is authorized for {node.ssh_user} from {cluster.head.fabric_ip}",
         user=node.ssh_user,
         key_host=head,
@@ -81,19 +93,19 @@ else:
         from_ip=str(cluster.head.fabric_ip),
     )
 if here.is_head and cluster.workers:
-    operations.known_hosts(
+    known_hosts(
         name=f"Head knows the workers' host keys in {MESH_KNOWN_HOSTS}",
         path=MESH_KNOWN_HOSTS,
         workers=[(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers],
     )
-    operations.text_block(
+    text_block(
         name="Head's SSH config maps each worker's fabric IP to its user",
         path=MESH_CONFIG,
         content=mesh_config(cluster),
         marker=MESH_CONFIG_MARKER,
     )
 
-operations.stale_container_absent(
+stale_container_absent(
     name=f"No stale {config.container_name} container is left by an aborted launch",
     container=config.container_name,
 )

@@ -6,32 +6,41 @@ One image ID and one verified model snapshot on every node, moved head -> worker
 
 from pyinfra import host, inventory
 
-from sparkinfra import facts, operations, reads, run, stage
+from sparkinfra import reads, run, transfer
+from sparkinfra.facts.reading import read_ahead
+from sparkinfra.operations.stage import (
+    image_on_workers,
+    image_present,
+    snapshot_downloaded,
+    snapshot_manifest,
+    snapshot_matches,
+    snapshot_on_workers,
+)
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
 cluster = here.cluster
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
 deep = config.stage_verify == "deep"
-facts.read_ahead(host, reads.stage_reads(cluster, host.name))  # one command, not one per fact
+read_ahead(host, reads.stage_reads(cluster, host.name))  # one command, not one per fact
 
 if here.is_head:
-    operations.image_present(
+    image_present(
         name=f"Image {config.image} is on the head",
         image=config.image,
         image_id=config.image_id,
         tarball=config.image_tarball,
         build=config.image_build,
     )
-    operations.image_on_workers(
+    image_on_workers(
         name=f"Every worker has the head's {config.image}",
         image=config.image,
         workers=workers,
     )
-for repo, revision in stage.models(cluster):
-    repo_dir = stage.repo_dir(config.model_dir, repo)
+for repo, revision in transfer.models(cluster):
+    repo_dir = transfer.repo_dir(config.model_dir, repo)
     if here.is_head:
-        operations.snapshot_downloaded(
+        snapshot_downloaded(
             name=f"Snapshot {repo}@{revision[:12]} is on the head",
             repo=repo,
             revision=revision,
@@ -40,11 +49,11 @@ for repo, revision in stage.models(cluster):
             token_env=config.hf_token_env,
             endpoint=config.hf_endpoint,
         )
-        operations.snapshot_manifest(
+        snapshot_manifest(
             name=f"Manifest of {repo} is current on the head",
             repo_dir=repo_dir,
         )
-        operations.snapshot_on_workers(
+        snapshot_on_workers(
             name=f"Every worker's {repo} matches the head's manifest",
             repo_dir=repo_dir,
             workers=workers,
@@ -54,7 +63,7 @@ for repo, revision in stage.models(cluster):
             deep=deep,
         )
     # On every node (the head checks its own copy): also keeps this step after the head's.
-    operations.snapshot_matches(
+    snapshot_matches(
         name=f"{repo} on every node matches the head's manifest",
         repo_dir=repo_dir,
         head=inventory.get_host(cluster.head.name),

@@ -17,20 +17,32 @@ from pyinfra import inventory
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkinfra import operations, run, serving
-from sparkinfra.mesh import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS
-from sparkinfra.nccl import NCCL_ENV_FILE
+from sparkinfra import run, serving
+from sparkinfra.operations.fabric import fabric_address, fabric_persisted
+from sparkinfra.operations.lane import (
+    container_absent,
+    lane_units_absent,
+    other_lanes_stopped,
+)
+from sparkinfra.operations.mesh import (
+    MESH_CONFIG,
+    MESH_CONFIG_MARKER,
+    MESH_KEY,
+    MESH_KNOWN_HOSTS,
+    ssh_key_authorized,
+)
+from sparkinfra.operations.nccl import NCCL_ENV_FILE
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
 cluster = here.cluster
 node = here.node
 config = cluster.config
 
-operations.other_lanes_stopped(
+other_lanes_stopped(
     name="No lane runs on this node, nor starts at boot",
     lane="",
 )
-operations.container_absent(
+container_absent(
     name=f"No {config.container_name} container is left on this node",
     container=config.container_name,
 )
@@ -40,7 +52,7 @@ if config.teardown == "full":
     address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
 
     # The lanes: units, plans and env files, the runner, the marks.
-    units = operations.lane_units_absent(name="No lane unit is installed on this node")
+    units = lane_units_absent(name="No lane unit is installed on this node")
     files.directory(
         name=f"No lane plan or env file is left in {serving.PLANS_DIR}", path=serving.PLANS_DIR, present=False,
     )
@@ -52,7 +64,7 @@ if config.teardown == "full":
 
     # The head's SSH mesh; the workers first: they find the key's line by the head's key.
     if not here.is_head:
-        operations.ssh_key_authorized(
+        ssh_key_authorized(
             name=f"Head's fabric key is not authorized for {node.ssh_user}",
             user=node.ssh_user,
             key_host=inventory.get_host(cluster.head.name),
@@ -72,14 +84,14 @@ if config.teardown == "full":
 
     # NCCL and the fabric (the pinned library and the port's MTU stay).
     files.file(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
-    boot = operations.fabric_persisted(
+    boot = fabric_persisted(
         name=f"Fabric address and MTU of {fabric.interface} are not in sparkinfra's boot config",
         interface=fabric.interface,
         address=address,
         mtu=fabric.mtu,
         present=False,
     )
-    operations.fabric_address(
+    fabric_address(
         name=f"Fabric address {address} is not on {fabric.interface}",
         interface=fabric.interface,
         address=address,

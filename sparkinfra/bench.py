@@ -32,8 +32,10 @@ from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
 
-from . import lanes, serving, stage
-from .facts import DockerImageId, LaneStatus, NcclVersion, SnapshotFiles
+from . import lanes, serving, transfer
+from .facts.lane import LaneStatus
+from .facts.nccl import NcclVersion
+from .facts.stage import DockerImageId, SnapshotFiles
 
 # Prompts that run past 256 tokens, so every probe decodes the full max_tokens.
 WORKLOADS = {
@@ -735,8 +737,8 @@ def job_for(host, cluster) -> Job:
                  f"(current {digest}), API {status.get('api')}")
         raise BenchRefused(f"lane {lane.name} is not serving its current plan on {host.name} ({found}): "
                            "run deploys/serve.py first")
-    revision = dict(stage.models(cluster)).get(lane.model, "main")
-    snapshot = f"{stage.repo_dir(config.model_dir, lane.model)}/snapshots/{revision}"
+    revision = dict(transfer.models(cluster)).get(lane.model, "main")
+    snapshot = f"{transfer.repo_dir(config.model_dir, lane.model)}/snapshots/{revision}"
     files = host.get_fact(SnapshotFiles, path=snapshot)
     image = lane.image or config.image
     kv_space = next((v for k, v in lane.env.items() if k == "VLLM_CPU_KVCACHE_SPACE"), None)

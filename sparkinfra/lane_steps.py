@@ -16,8 +16,17 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from . import facts, lanes, operations, reads, serving
+from . import lanes, reads, serving
+from .facts.reading import read_ahead
 from .lanes import Lane
+from .operations.files import file_content, render, secret_env_file
+from .operations.lane import (
+    lane_running,
+    lane_validated,
+    lane_warm,
+    other_lanes_stopped,
+)
+from .operations.units import service_enabled
 from .run import Here
 
 
@@ -30,11 +39,11 @@ def placed(here: Here, start: bool = True) -> Lane | None:
     """
     cluster, config = here.cluster, here.cluster.config
     lane = lanes.find_lane(config.lane) if config.lane else None
-    facts.read_ahead(host, reads.lane_reads(  # one command, not one per fact
+    read_ahead(host, reads.lane_reads(  # one command, not one per fact
         cluster, host.name, lane.name if lane else "", (lane and lane.image) or config.image,
         start and here.is_head,
     ))
-    operations.other_lanes_stopped(
+    other_lanes_stopped(
         name=f"No lane but {config.lane or '(none)'} runs on this node",
         lane=config.lane,
     )
@@ -50,22 +59,22 @@ def _files(here: Here, lane: Lane) -> None:
     cluster, config = here.cluster, here.cluster.config
     mine = serving.plan_of(lane, cluster, host.name)
     name = lane.name
-    operations.file_content(
+    file_content(
         name=f"Lane runner is at {serving.LANE_CTL}",
         path=serving.LANE_CTL,
         src=str(serving.LANE_CTL_SOURCE),
         mode="755",
     )
-    operations.file_content(
+    file_content(
         name=f"This node's environment for lane {name} is in {serving.env_path(name)} (root only)",
         path=serving.env_path(name),
-        content=operations.render(
+        content=render(
             "etc/sparkinfra/lanes/lane.env.j2", lane=name, rank=mine.rank, variables=sorted(mine.env.items())
         ),
         mode="600",
     )
     if here.is_head:
-        operations.secret_env_file(
+        secret_env_file(
             name=f"The API key is in {serving.secret_env_path(name)} (root only)"
             if config.api_key_env else "No API key file is left from an earlier setting",
             path=serving.secret_env_path(name),
@@ -73,23 +82,23 @@ def _files(here: Here, lane: Lane) -> None:
             env=config.api_key_env,
             present=bool(config.api_key_env),
         )
-    operations.file_content(
+    file_content(
         name=f"This node's plan for lane {name} is in {serving.plan_path(name)}",
         path=serving.plan_path(name),
         content=serving.plan_json(mine),
         mode="600",
     )
-    unit = operations.file_content(
+    unit = file_content(
         name=f"Unit {serving.unit_name(name)} runs this node's rank of lane {name}",
         path=f"/etc/systemd/system/{serving.unit_name(name)}",
-        content=operations.render("etc/systemd/system/sparkinfra-lane.service.j2", **mine.unit),
+        content=render("etc/systemd/system/sparkinfra-lane.service.j2", **mine.unit),
     )
     systemd.daemon_reload(
         name="systemd has read the lane's unit",
         _if=unit.did_change,
     )
     if here.is_head:
-        operations.lane_validated(
+        lane_validated(
             name=f"vLLM in {lane.image or config.image} accepts lane {name}'s arguments for every rank",
             lane=name,
             image=lane.image or config.image,
@@ -103,18 +112,18 @@ def serving_from_head(here: Here, lane: Lane) -> None:
     """On the head: the lane enabled at boot, every rank started (workers first), ready, warm."""
     digest = serving.plan_of(lane, here.cluster, host.name).plan["digest"]
     name = lane.name
-    operations.service_enabled(  # starting is lane_running's: once, all ranks, workers first
+    service_enabled(  # starting is lane_running's: once, all ranks, workers first
         name=f"Lane {name} starts with the head at boot",
         service=serving.unit_name(name),
         enabled=True,
     )
-    operations.lane_running(
+    lane_running(
         name=f"Lane {name} serves on every node (plan {digest})",
         lane=name,
         digest=digest,
         ready_timeout=here.cluster.config.lane_ready_timeout,
     )
-    operations.lane_warm(
+    lane_warm(
         name=f"Lane {name} is warm (one request per workload shape)",
         lane=name,
         digest=digest,

@@ -14,7 +14,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
-from .facts import at_once, gathered
+from .facts.reading import at_once, gathered
 from .settings import Cluster, Settings
 
 

@@ -1,5 +1,5 @@
 """
-What each deploy's operations read from one node, declared up front (``facts.read_ahead``) so a
+What each deploy's operations read from one node, declared up front (``read_ahead``) so a
 no-op converge reads a node in one command, not one per fact: on a shared machine (the bed) or
 a busy head, each command's SSH session and sudo cost more than the read itself.
 
@@ -13,23 +13,22 @@ from __future__ import annotations
 from pyinfra.facts.files import Block, Directory, File, FileContents, Sha256File
 from pyinfra.facts.systemd import SystemdEnabled
 
-from . import serving, stage
-from .facts import (
-    AuthorizedKeys,
-    DockerContainer,
-    DockerImageId,
-    FabricLink,
-    FileDigest,
-    FileState,
-    LaneUnits,
-    NcclVersion,
-    NetworkConfigBackend,
-    RoceGidTable,
-    SnapshotManifest,
+from . import serving, transfer
+from .facts.fabric import FabricLink, NetworkConfigBackend, RoceGidTable
+from .facts.files import FileDigest, FileState
+from .facts.lane import DockerContainer, LaneUnits
+from .facts.mesh import AuthorizedKeys
+from .facts.nccl import NcclVersion
+from .facts.stage import DockerImageId, SnapshotManifest
+from .operations.fabric import FABRIC_NETPLAN, FABRIC_UNIT
+from .operations.mesh import (
+    HOST_KEY,
+    MESH_CONFIG,
+    MESH_CONFIG_MARKER,
+    MESH_KEY,
+    MESH_KNOWN_HOSTS,
 )
-from .mesh import HOST_KEY, MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS
-from .nccl import NCCL_ENV_FILE
-from .operations import FABRIC_NETPLAN, FABRIC_UNIT
+from .operations.nccl import NCCL_ENV_FILE
 from .settings import Cluster
 
 
@@ -66,12 +65,12 @@ def stage_reads(cluster: Cluster, name: str) -> list[tuple]:
     config = cluster.config
     deep = config.stage_verify == "deep"
     reads = [(DockerImageId, {"image": config.image})]
-    for repo, revision in stage.models(cluster):
-        repo_dir = stage.repo_dir(config.model_dir, repo)
+    for repo, revision in transfer.models(cluster):
+        repo_dir = transfer.repo_dir(config.model_dir, repo)
         if name == cluster.head.name:
             reads += [(SnapshotManifest, {"repo_dir": repo_dir, "deep": False}),
                       (Directory, {"path": f"{repo_dir}/snapshots/{revision}"}),
-                      (FileContents, {"path": f"{repo_dir}/{stage.MANIFEST}"})]  # the workers read it
+                      (FileContents, {"path": f"{repo_dir}/{transfer.MANIFEST}"})]  # the workers read it
         elif not deep:  # deep: the head reads the workers' manifests hashed afresh
             reads.append((SnapshotManifest, {"repo_dir": repo_dir, "deep": False}))
     return reads

@@ -27,7 +27,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
 
 from . import lanes, lock, preflight, ssh
-from .facts import unproxied
+from .facts.reading import unproxied
 from .settings import (
     Cluster,
     InventorySettingsError,

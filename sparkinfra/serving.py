@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import lanes, scripts
-from .nccl import NCCL_ENV_FILE
+from .operations.nccl import NCCL_ENV_FILE
 from .settings import Cluster, Node
 
 LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"

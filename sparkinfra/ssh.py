@@ -8,7 +8,7 @@ import socket
 
 from pyinfra.api.state import BaseStateCallback, State
 
-from .facts import unproxied
+from .facts.reading import unproxied
 
 
 def prompt_replies(state: State) -> None:

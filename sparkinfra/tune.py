@@ -17,7 +17,7 @@ from pyinfra.api import QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
 
 from . import gmu, lanes, serving
-from .facts import LaneStatus
+from .facts.lane import LaneStatus
 
 KNOBS = {"gpu_memory_utilization": gmu.GMU, "VLLM_CPU_KVCACHE_SPACE": gmu.CPU_KV_SPACE}
 FLAGS = {"gpu_memory_utilization": "--gpu-memory-utilization"}  # else: an environment variable

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import PyinfraError
+from test_settings import INV, PYINFRA, REPO, load
 
 from sparkinfra.settings import SettingsError
-from test_settings import INV, PYINFRA, REPO, load
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"
 GOOD = "_good"

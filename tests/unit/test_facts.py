@@ -18,22 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from sparkinfra.facts import (
+from sparkinfra.facts.fabric import (
     GID_ZERO,
-    AuthorizedKeys,
-    DockerContainer,
     FabricLink,
-    FileState,
-    NcclVersion,
     RoceGidTable,
     gid_ipv4,
-    nccl_version_from_code,
-    parse_authorized_keys,
-    parse_file_state,
     parse_gid_table,
     parse_ip_addr_json,
     roce_v2_index,
 )
+from sparkinfra.facts.files import FileState, parse_file_state
+from sparkinfra.facts.lane import DockerContainer
+from sparkinfra.facts.mesh import AuthorizedKeys, parse_authorized_keys
+from sparkinfra.facts.nccl import NcclVersion, nccl_version_from_code
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_SHOW_GIDS = REPO / "sparkbed" / "standins" / "show_gids"

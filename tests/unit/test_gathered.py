@@ -15,12 +15,11 @@ import pytest
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.state import StateStage
 from pyinfra.facts.files import FileContents
+from spark_cluster import load_cluster
 
 from sparkinfra import reads, ssh
-from sparkinfra.facts import (
-    DockerImageId,
-    FileState,
-    SnapshotManifest,
+from sparkinfra.facts.files import FileState
+from sparkinfra.facts.reading import (
     Together,
     at_once,
     gathered,
@@ -28,7 +27,7 @@ from sparkinfra.facts import (
     read_ahead,
     split_together,
 )
-from spark_cluster import load_cluster
+from sparkinfra.facts.stage import DockerImageId, SnapshotManifest
 
 
 class Run:

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from sparkinfra import gmu
-from sparkinfra.gmu import CPU_KV_SPACE, GMU, Knob, Outcome, bracket, next_value, parse_startup, suggestion_text
+from sparkinfra.gmu import (
+    CPU_KV_SPACE,
+    GMU,
+    Knob,
+    Outcome,
+    bracket,
+    next_value,
+    parse_startup,
+    suggestion_text,
+)
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 GIB = 1 << 30

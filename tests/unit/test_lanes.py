@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from spark_cluster import load_cluster
 
 from sparkinfra import lanes
 from sparkinfra.lanes import (
@@ -45,7 +46,6 @@ from sparkinfra.lanes import (
     vllm_request,
 )
 from sparkinfra.scripts.vllm_check import strip_flags
-from spark_cluster import load_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

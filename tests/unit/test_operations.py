@@ -1,6 +1,6 @@
 """
 Operations against recorded facts, as pyinfra's own operation tests run them: a fixture
-(``fixtures/operations/<operation>/<case>.json``) gives the operation's arguments and every fact it
+(``fixtures/operations/<module>.<operation>/<case>.json``, the module under ``sparkinfra.operations``) gives the operation's arguments and every fact it
 reads (``{"fact", "args", "value"}``; a fact read that the fixture lacks fails the case) and holds
 the commands it must yield, or, when it yields none, the noop it must report. No host is contacted.
 
@@ -10,6 +10,7 @@ A fixture's ``key_host`` (an argument naming another pyinfra host) is ``{"name",
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 from pathlib import Path
@@ -20,7 +21,7 @@ from pyinfra.api import OperationError, StringCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from sparkinfra import operations
+from sparkinfra.operations import files
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "operations"
 CASES = sorted(f"{p.parent.name}/{p.stem}" for p in FIXTURES.glob("*/*.json"))
@@ -59,14 +60,20 @@ def rendered(command) -> str:
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
+def operation(name: str):
+    """``sparkinfra.operations.<module>.<operation>`` of ``"<module>.<operation>"``."""
+    module, _, function = name.partition(".")
+    return getattr(importlib.import_module(f"sparkinfra.operations.{module}"), function, None)
+
+
 def run_operation(name: str, kwargs: dict, facts: list[dict], stage: str = "execute", host_class=FakeHost):
-    """(commands, noops) of ``sparkinfra.operations.<name>`` on a fake host holding ``facts``."""
+    """(commands, noops) of ``sparkinfra.operations.<module>.<operation>`` (``name``) on a fake host holding ``facts``."""
     kwargs = dict(kwargs)
     if isinstance(kwargs.get("key_host"), dict):
         kwargs["key_host"] = FakeHost(kwargs["key_host"]["name"], kwargs["key_host"]["facts"], stage)
     host = host_class("node", facts, stage)
     with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
-        commands = [rendered(c) for c in getattr(operations, name)._inner(**kwargs)]
+        commands = [rendered(c) for c in operation(name)._inner(**kwargs)]
     return commands, host.noops
 
 
@@ -81,7 +88,7 @@ def fixed_timestamp(monkeypatch):
 def test_every_fixture_names_an_operation():
     assert CASES
     for case in CASES:
-        assert hasattr(getattr(operations, case.split("/")[0], None), "_inner"), case
+        assert hasattr(operation(case.split("/")[0]), "_inner"), case
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -126,7 +133,7 @@ def key_removed(home: Path, present: bool = False) -> tuple[list[str], list[str]
         "present": present,
     }
     facts = [{"fact": "Home", "args": {"user": "spark2"}, "value": str(home)}]
-    return run_operation("ssh_key_authorized", kwargs, facts, host_class=LocalFiles)
+    return run_operation("mesh.ssh_key_authorized", kwargs, facts, host_class=LocalFiles)
 
 
 def test_removing_the_heads_key_runs_and_keeps_other_keys(tmp_path):
@@ -169,7 +176,7 @@ def file_content(facts, stage="execute", **kwargs):
     host = Uploads("node", facts, stage)
     kwargs = {"path": "/etc/sparkinfra/nccl.env", "content": "A=1\n", "mode": "600", **kwargs}
     with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
-        commands = list(operations.file_content._inner(**kwargs))
+        commands = list(files.file_content._inner(**kwargs))
     return commands, host.noops
 
 

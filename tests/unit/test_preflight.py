@@ -6,9 +6,9 @@ cluster loaded from a pyinfra inventory (the seeds' pair: head bluey, worker red
 from __future__ import annotations
 
 import pytest
+from spark_cluster import load_cluster
 
 from sparkinfra.preflight import Check, PreflightProbe, evaluate, required_ports
-from spark_cluster import load_cluster
 
 HEAD, WORKER = "bluey", "reddie"
 GB = 1_000_000_000

@@ -27,7 +27,12 @@ from pyinfra_cli.inventory import make_inventory_from_files
 from pyinfra_cli.util import parse_cli_arg
 
 from sparkinfra.run import checked_settings
-from sparkinfra.settings import CLUSTER_KEYS, InventorySettingsError, SettingsError, Settings
+from sparkinfra.settings import (
+    CLUSTER_KEYS,
+    InventorySettingsError,
+    Settings,
+    SettingsError,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"

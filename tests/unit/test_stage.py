@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sparkinfra import stage
-from sparkbed import make_snapshot
-from sparkinfra.scripts import snapshot_tool as tool
 from spark_cluster import load_cluster
+
+from sparkbed import make_snapshot
+from sparkinfra import transfer
+from sparkinfra.scripts import snapshot_tool as tool
 
 KIB = 1024
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -691,7 +691,7 @@ def test_the_tool_runs_standalone_as_nodes_run_it(tmp_path):
     """``python3 -c <source> manifest DIR`` (how ``sparkinfra.facts`` ships it): stdlib only."""
     head = head_snapshot(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", stage.tool_source(), "manifest", str(head)],
+        [sys.executable, "-I", "-S", "-c", transfer.tool_source(), "manifest", str(head)],
         capture_output=True, text=True, timeout=10,
     )
     assert proc.returncode == 0, proc.stderr
@@ -708,24 +708,24 @@ def test_the_tool_runs_standalone_as_nodes_run_it(tmp_path):
     ("/hf", "name", "/hf/models--name"),
 ])
 def test_repo_dir(model_dir, repo, expected):
-    assert stage.repo_dir(model_dir, repo) == expected
+    assert transfer.repo_dir(model_dir, repo) == expected
 
 
 def test_repo_dir_is_where_the_hf_cache_puts_it(tmp_path):
     made = make_snapshot(tmp_path, "Org/Name-1.5B", REV, large=0, large_bytes=0, small=0)
-    assert stage.repo_dir(str(tmp_path), "Org/Name-1.5B") == str(made)
+    assert transfer.repo_dir(str(tmp_path), "Org/Name-1.5B") == str(made)
 
 
 def test_models_target_then_drafter(tmp_path):
     cluster = load_cluster(tmp_path, {"model": "org/target", "model_revision": "abc123",
                                       "drafter": "org/draft", "drafter_revision": "def456"})
-    assert stage.models(cluster) == [("org/target", "abc123"), ("org/draft", "def456")]
+    assert transfer.models(cluster) == [("org/target", "abc123"), ("org/draft", "def456")]
 
 
 def test_models_without_drafter_or_model(tmp_path):
-    assert stage.models(load_cluster(tmp_path, {"model": "org/target"})) == [("org/target", "main")]
-    assert stage.models(load_cluster(tmp_path, {"model": "org/target", "drafter": ""})) == [("org/target", "main")]
-    assert stage.models(load_cluster(tmp_path)) == []
+    assert transfer.models(load_cluster(tmp_path, {"model": "org/target"})) == [("org/target", "main")]
+    assert transfer.models(load_cluster(tmp_path, {"model": "org/target", "drafter": ""})) == [("org/target", "main")]
+    assert transfer.models(load_cluster(tmp_path)) == []
 
 
 REPO_DIR = "/var/lib/sparkinfra/hf/models--org--model"
@@ -734,7 +734,7 @@ SOURCE = "rsync://10.213.1.1:8730/stage/"
 
 @pytest.mark.parametrize("deep", [False, True])
 def test_pull_script_is_valid_small_shell(deep):
-    script = stage.pull_script(REPO_DIR, SOURCE, 8, deep)
+    script = transfer.pull_script(REPO_DIR, SOURCE, 8, deep)
     sh_ok("bash", script)
     sh_ok("sh", script)
     assert len(script) < ARG_LIMIT
@@ -748,10 +748,10 @@ def test_pull_script_is_valid_small_shell(deep):
 
 
 def test_pull_script_carries_the_tool_and_pulls_from_the_source():
-    script = stage.pull_script(REPO_DIR, SOURCE, 4)
+    script = transfer.pull_script(REPO_DIR, SOURCE, 4)
     (blob,) = re.findall(r"printf %s '?([A-Za-z0-9+/=]+)'? \| base64 -d > \"\$work/tool.py\"", script)
-    assert base64.b64decode(blob).decode() == stage.tool_source()
-    assert f"rsync -a {SOURCE}models--org--model/{stage.MANIFEST} \"$work/manifest.json\"" in script
+    assert base64.b64decode(blob).decode() == transfer.tool_source()
+    assert f"rsync -a {SOURCE}models--org--model/{transfer.MANIFEST} \"$work/manifest.json\"" in script
     assert "cd /var/lib/sparkinfra/hf\n" in script  # list lines are relative to the cache folder
     pulls = [line for line in script.splitlines() if "--files-from" in line]
     assert len(pulls) == 1 and "--append-verify" in pulls[0] and "--partial" in pulls[0]
@@ -764,12 +764,12 @@ def test_scripts_ship_no_file_lists(tmp_path, small):
     """However many files a snapshot has, the commands carry none of them (each worker plans its own)."""
     cache = tmp_path / "hf"
     repo = make_snapshot(cache, REPO, REV, large=2, large_bytes=KIB, small=small, small_bytes=16)
-    pull = stage.pull_script(str(repo), SOURCE, 8)
-    head = stage.head_transfer_script(str(repo), ["10.213.1.2"], "10.213.1.1", 8730, 8)
+    pull = transfer.pull_script(str(repo), SOURCE, 8)
+    head = transfer.head_transfer_script(str(repo), ["10.213.1.2"], "10.213.1.1", 8730, 8)
     for script in (pull, head):
         assert len(script) < ARG_LIMIT
         assert "safetensors" not in script and "part-0000" not in script
-    assert pull == stage.pull_script(str(repo), SOURCE, 8)
+    assert pull == transfer.pull_script(str(repo), SOURCE, 8)
 
 
 def rsyncd_conf(script: str) -> dict:
@@ -787,7 +787,7 @@ def rsyncd_conf(script: str) -> dict:
 
 
 def ssh_lines(script: str) -> list[list[str]]:
-    return [shlex.split(line) for line in script.splitlines() if line.startswith(stage.MESH_SSH)]
+    return [shlex.split(line) for line in script.splitlines() if line.startswith(transfer.MESH_SSH)]
 
 
 def pull_command(script: str) -> str:
@@ -806,7 +806,7 @@ def decode_remote(command: str) -> str:
 @pytest.mark.parametrize("deep", [False, True])
 def test_head_transfer_script(deep):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    script = stage.head_transfer_script(REPO_DIR + "/", workers, "10.213.1.1", 8730, 6, deep)
+    script = transfer.head_transfer_script(REPO_DIR + "/", workers, "10.213.1.1", 8730, 6, deep)
     sh_ok("bash", script)
 
     conf = rsyncd_conf(script)
@@ -820,7 +820,7 @@ def test_head_transfer_script(deep):
     lines = script.splitlines()
     daemon = next(i for i, line in enumerate(lines) if "rsync --daemon" in line)
     trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
-    first_ssh = next(i for i, line in enumerate(lines) if line.startswith(stage.MESH_SSH))
+    first_ssh = next(i for i, line in enumerate(lines) if line.startswith(transfer.MESH_SSH))
     assert daemon < trap < first_ssh
     assert "daemon=$!" in lines[daemon]
     trap_words = shlex.split(lines[trap])
@@ -830,18 +830,18 @@ def test_head_transfer_script(deep):
     assigns = [i for i, line in enumerate(lines) if line.startswith("pull=")]
     assert len(assigns) == 1, "the pull command is defined once"
     assert trap < assigns[0] < first_ssh
-    expected = stage.pull_script(REPO_DIR + "/", "rsync://10.213.1.1:8730/stage/", 6, deep)
+    expected = transfer.pull_script(REPO_DIR + "/", "rsync://10.213.1.1:8730/stage/", 6, deep)
     pull = decode_remote(pull_command(script))
     assert pull == expected
     assert ("--deep" in pull) is deep
     sh_ok("sh", pull)
 
-    ssh_raw = [line for line in lines if line.startswith(stage.MESH_SSH)]
-    assert ssh_raw == [f'{stage.MESH_SSH} {ip} "$pull" & pids="$pids $!"' for ip in workers]
+    ssh_raw = [line for line in lines if line.startswith(transfer.MESH_SSH)]
+    assert ssh_raw == [f'{transfer.MESH_SSH} {ip} "$pull" & pids="$pids $!"' for ip in workers]
     sshs = ssh_lines(script)
-    assert [w[len(stage.MESH_SSH.split())] for w in sshs] == workers  # one ssh per worker
+    assert [w[len(transfer.MESH_SSH.split())] for w in sshs] == workers  # one ssh per worker
     for words in sshs:
-        assert words[:5] == stage.MESH_SSH.split()
+        assert words[:5] == transfer.MESH_SSH.split()
         assert words[6] == "$pull"  # one argument: the remote command
         assert words[7:] == ["&", "pids=$pids $!"]  # in parallel
     assert lines[-1].endswith("exit $rc")
@@ -849,11 +849,11 @@ def test_head_transfer_script(deep):
 
 def test_head_transfer_script_expands_pull_to_the_remote_command():
     """Run the script's own ``pull=`` line in bash: ``"$pull"`` is exactly ``run_remote(pull_script)``."""
-    script = stage.head_transfer_script(REPO_DIR, ["10.213.1.2", "10.213.1.3"], "10.213.1.1", 8730, 4)
+    script = transfer.head_transfer_script(REPO_DIR, ["10.213.1.2", "10.213.1.3"], "10.213.1.1", 8730, 4)
     (assign,) = [line for line in script.splitlines() if line.startswith("pull=")]
     proc = subprocess.run(["bash", "-c", f'{assign}\nprintf %s "$pull"'], capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == stage.run_remote(stage.pull_script(REPO_DIR, "rsync://10.213.1.1:8730/stage/", 4))
+    assert proc.stdout == transfer.run_remote(transfer.pull_script(REPO_DIR, "rsync://10.213.1.1:8730/stage/", 4))
 
 
 def test_head_transfer_script_size_does_not_grow_with_workers():
@@ -861,7 +861,7 @@ def test_head_transfer_script_size_does_not_grow_with_workers():
     sizes = {}
     for n in (1, 7):
         workers = [f"10.213.1.{i}" for i in range(2, 2 + n)]
-        sizes[n] = len(stage.head_transfer_script(REPO_DIR, workers, "10.213.1.1", 8730, 64, True))
+        sizes[n] = len(transfer.head_transfer_script(REPO_DIR, workers, "10.213.1.1", 8730, 64, True))
     assert sizes[7] - sizes[1] < KIB, sizes
     assert max(sizes.values()) < ARG_LIMIT, sizes
 
@@ -872,7 +872,7 @@ def test_head_transfer_script_fits_one_argument_on_an_eight_node_cluster():
     (128 KiB) on Linux; the largest supported cluster (8 nodes: 7 workers) is the one to check.
     """
     workers = [f"10.213.1.{i}" for i in range(2, 9)]
-    script = stage.head_transfer_script(REPO_DIR, workers, "10.213.1.1", 8730, 64, True)
+    script = transfer.head_transfer_script(REPO_DIR, workers, "10.213.1.1", 8730, 64, True)
     command = f"bash -c {shlex.quote(script)}"
     assert len(shlex.quote(command)) < MAX_ARG_STRLEN
 
@@ -881,10 +881,10 @@ def test_head_transfer_script_fits_one_argument_on_an_eight_node_cluster():
     "echo hi\n",
     "",
     "printf '%s\\n' \"it's\" `x` $y\n# \u00e9\u4e2d\n",
-    stage.pull_script(REPO_DIR, SOURCE, 2),
+    transfer.pull_script(REPO_DIR, SOURCE, 2),
 ])
 def test_run_remote_round_trips(script):
-    command = stage.run_remote(script)
+    command = transfer.run_remote(script)
     assert decode_remote(command) == script
     blob = command.split(" ")[1]
     proc = subprocess.run(["sh", "-c", f"echo {blob} | base64 -d"], capture_output=True, timeout=10)
@@ -898,7 +898,7 @@ def run_progress(tmp_path, every: int, body: str) -> subprocess.Popen:
     (tmp_path / "plan.json").write_text('{"lists": 1, "bytes_needed": 1048576}')
     script = "\n".join([
         "set -eu",
-        *stage.progress_lines(str(repo), shlex.quote(str(tmp_path / "plan.json")), every),
+        *transfer.progress_lines(str(repo), shlex.quote(str(tmp_path / "plan.json")), every),
         "trap 'kill $progress 2>/dev/null' EXIT",
         body,
     ])
@@ -951,7 +951,7 @@ def fanout(tmp_path, workers, broken=()):
     )
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
-    script = stage.image_fanout_script("vllm-node:26.03", IMAGE_ID, workers)
+    script = transfer.image_fanout_script("vllm-node:26.03", IMAGE_ID, workers)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
     return proc, seen, payload

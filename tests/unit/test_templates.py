@@ -18,10 +18,10 @@ import pytest
 import yaml
 from jinja2 import UndefinedError
 from pyinfra.api.util import get_template
-
-from sparkinfra.nccl import nccl_variables
-from sparkinfra.settings import DEFAULT_NCCL_ENV
 from spark_cluster import load_cluster
+
+from sparkinfra.operations.nccl import nccl_variables
+from sparkinfra.settings import DEFAULT_NCCL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates" / "etc"

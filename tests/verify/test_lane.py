@@ -6,7 +6,7 @@ import re
 import pytest
 
 from sparkinfra import lanes, serving
-from sparkinfra.facts import LaneStatus, LaneUnits
+from sparkinfra.facts.lane import LaneStatus, LaneUnits
 
 
 def _lane(target):

@@ -4,9 +4,10 @@ import shlex
 
 import pytest
 
-from sparkinfra.facts import NcclVersion, RoceGidTable, roce_v2_index
-from sparkinfra.mesh import MESH_KEY
-from sparkinfra.nccl import NCCL_ENV_FILE, nccl_variables
+from sparkinfra.facts.fabric import RoceGidTable, roce_v2_index
+from sparkinfra.facts.nccl import NcclVersion
+from sparkinfra.operations.mesh import MESH_KEY
+from sparkinfra.operations.nccl import NCCL_ENV_FILE, nccl_variables
 
 IB_MTUS = (256, 512, 1024, 2048, 4096)
 

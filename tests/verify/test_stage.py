@@ -1,13 +1,16 @@
 """deploys/stage.py: one image ID everywhere, every snapshot matching the head's manifest, resolvable offline."""
 
+import json
 import shlex
 
 import pytest
 
-from sparkinfra import stage
-import json
-
-from sparkinfra.facts import DockerImageId, SnapshotManifest, _snapshot_tool_command
+from sparkinfra import transfer
+from sparkinfra.facts.stage import (
+    DockerImageId,
+    SnapshotManifest,
+    snapshot_tool_command,
+)
 
 
 def _head(cluster):
@@ -25,11 +28,11 @@ def test_every_node_has_the_heads_image(cluster):
 
 
 def _snapshots(cluster):
-    return stage.models(cluster[0].cluster) if cluster else []
+    return transfer.models(cluster[0].cluster) if cluster else []
 
 
 def _entries(target, repo_dir, deep):
-    out = target.root(_snapshot_tool_command("show", repo_dir, *(["--deep"] if deep else [])).get_raw_value())
+    out = target.root(snapshot_tool_command("show", repo_dir, *(["--deep"] if deep else [])).get_raw_value())
     return {e["path"]: {k: v for k, v in e.items() if k != "mtime_ns"} for e in json.loads(out.stdout)["entries"]}
 
 
@@ -38,7 +41,7 @@ def test_every_snapshot_matches_the_heads_manifest(cluster, request):
     config = cluster[0].cluster.config
     head = _head(cluster)
     for repo, _ in _snapshots(cluster):
-        repo_dir = stage.repo_dir(config.model_dir, repo)
+        repo_dir = transfer.repo_dir(config.model_dir, repo)
         wanted = head.fact(SnapshotManifest, repo_dir=repo_dir)
         assert wanted.get("exists") and not wanted.get("stale"), f"no current manifest of {repo} on the head: {wanted}"
         for t in cluster:
@@ -53,7 +56,7 @@ def test_every_snapshot_matches_the_heads_manifest(cluster, request):
 def test_snapshots_resolve_offline_in_the_image_on_every_node(node):
     """What a lane container does: HF_HUB_OFFLINE=1 snapshot_download finds the pinned revision."""
     config = node.cluster.config
-    models = stage.models(node.cluster)
+    models = transfer.models(node.cluster)
     if not models:
         pytest.skip("no model in the settings")
     for repo, revision in models:

@@ -1,0 +1,101 @@
+"""
+Lanes on a node: the lane container, the lane units, the lane runner's status.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+from ..serving import LANE_CTL
+
+
+class DockerContainer(FactBase):
+    """
+    Returns a container's state by name (``{"status": "exited", "running": False}``), or
+    ``None`` when there is no such container (or no docker).
+
+    + container: the container name
+    """
+
+    @override
+    def command(self, container: str) -> StringCommand:
+        return StringCommand(
+            # container inspect: a plain ``inspect`` of a missing name goes on to look for an image,
+            # network, volume... of that name, one API call each
+            "docker", "container", "inspect", "--format", QuoteString("{{.State.Status}} {{.State.Running}}"),
+            QuoteString(container), "2>/dev/null", "||", "true",
+        )
+
+    @override
+    def process(self, output):
+        words = " ".join(output).split()
+        if len(words) != 2:
+            return None
+        return {"status": words[0], "running": words[1] == "true"}
+
+
+class LaneUnits(FactBase):
+    """
+    Returns the lane units installed on a node: ``{lane: {"active": str, "enabled": str}}``.
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    @override
+    def command(self) -> str:
+        return (
+            "for f in /etc/systemd/system/sparkinfra-lane-*.service; do [ -e \"$f\" ] || continue; "
+            "u=$(basename \"$f\"); echo \"$u $(systemctl is-active \"$u\") $(systemctl is-enabled \"$u\" 2>/dev/null)\"; "
+            "done"
+        )
+
+    @override
+    def process(self, output):
+        units = {}
+        for line in output:
+            words = line.split()
+            if len(words) >= 2 and words[0].startswith("sparkinfra-lane-"):
+                lane = words[0][len("sparkinfra-lane-"):-len(".service")]
+                units[lane] = {"active": words[1], "enabled": words[2] if len(words) > 2 else "unknown"}
+        return units
+
+
+class LaneStatus(FactBase):
+    """
+    Returns a lane's state on this node, as ``lane_ctl.py status`` reports it, or ``{}`` before the
+    lane is placed. On the head: the workers' units and whether the API completes a request.
+
+    .. code:: python
+
+        {
+            "unit": "active", "planned": "9f2c...", "started": "9f2c...", "warm": "9f2c...",
+            "container": "true sha256:...", "workers": {"10.0.0.2": "active"},
+            "api": "ok",                  # or "down", or the failing HTTP answer
+            "others": [],                 # other lanes' units active here
+        }
+
+    + lane: the lane's name
+    + probe: on the head, also ask the workers' units and the API (else ``workers`` stays empty and
+      ``api`` None: the marks and this node's unit only)
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    @override
+    def command(self, lane: str, probe: bool = True) -> StringCommand:
+
+        local = [] if probe else ["--local"]
+        return StringCommand(
+            "test", "-f", LANE_CTL, "&&", "python3", LANE_CTL, "status", QuoteString(lane), *local, "||", "echo", "'{}'"
+        )
+
+    @override
+    def process(self, output):
+        return json.loads("\n".join(output) or "{}")

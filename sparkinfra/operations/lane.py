@@ -1,0 +1,211 @@
+"""
+Lanes on a node: one lane at a time, its container, validated by vLLM in the image, running on
+every rank, warm; and the lane's teardown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+
+from pyinfra import host, logger
+from pyinfra.api import (
+    QuoteString,
+    StringCommand,
+    operation,
+)
+from pyinfra.operations import files
+
+from .. import scripts, serving
+from ..facts.files import FileDigest
+from ..facts.lane import DockerContainer, LaneStatus, LaneUnits
+from ..facts.reading import gathered
+from ..facts.stage import DockerImageId
+
+
+@operation()
+def stale_container_absent(container: str):
+    """
+    Ensure no stopped container holds a lane's container name (an aborted launch leaves a
+    placeholder that eats the next launch's exec script).
+
+    + container: the container name (``vllm_node``)
+    """
+    state = gathered(host, DockerContainer, container=container)
+    if state is None or state["running"]:
+        host.noop(f"no stale container {container}")
+        return
+    yield StringCommand("docker", "rm", "-f", QuoteString(container))
+
+
+@operation()
+def container_absent(container: str):
+    """
+    Ensure no container, running or not, holds this name (teardown).
+
+    + container: the container name
+    """
+    if gathered(host, DockerContainer, container=container) is None:
+        host.noop(f"no container {container}")
+        return
+    yield StringCommand("docker", "rm", "-f", QuoteString(container))
+
+
+@operation(is_idempotent=False)
+def page_caches_dropped():
+    """
+    Drop the page cache (run it right before a lane starts, with ``_if=``: not on every converge).
+    """
+    yield "sync"
+    yield "echo 3 > /proc/sys/vm/drop_caches"
+
+
+# Lanes
+# -----
+
+ACTIVE_STATES = ("active", "activating", "reloading", "deactivating")
+
+
+@operation()
+def other_lanes_stopped(lane: str):
+    """
+    Ensure no other lane's unit runs, or starts at boot, on this node (one lane at a time).
+
+    + lane: the lane that may run (empty: none may)
+    """
+    units = gathered(host, LaneUnits)
+    others = sorted(
+        name for name, state in units.items()
+        if name != lane and (state["active"] in ACTIVE_STATES or state["enabled"] == "enabled")
+    )
+    failed = sorted(name for name, state in units.items() if name != lane and state["active"] == "failed")
+    if not others and not failed:
+        host.noop("no other lane runs here")
+        return
+    if others:
+        yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
+    # A rank stopped mid-start may end "failed": stopped on purpose, it is just inactive.
+    stale = sorted(set(others) | set(failed))
+    yield StringCommand("systemctl", "reset-failed", *[serving.unit_name(o) for o in stale], "2>/dev/null", "||", "true")
+
+
+@operation()
+def lane_units_absent():
+    """
+    Ensure no lane's unit file is left in ``/etc/systemd/system`` (a full teardown); a unit still
+    running or enabled is stopped and disabled first. Reload systemd after it (``_if=`` its
+    ``did_change``).
+    """
+    units = gathered(host, LaneUnits)
+    if not units:
+        host.noop("no lane unit is installed")
+        return
+    live = sorted(
+        name for name, state in units.items()
+        if state["active"] in ACTIVE_STATES or state["enabled"] == "enabled"
+    )
+    if live:
+        yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(n) for n in live])
+    yield StringCommand("rm", "-f", *[QuoteString(f"/etc/systemd/system/{serving.unit_name(n)}") for n in sorted(units)])
+
+
+@operation()
+def lane_validated(lane: str, image: str, request: dict, docker_options: list[str]):
+    """
+    Ensure the lane's serve arguments of every rank passed the vLLM inside the lane's image (its own
+    parser, ``validate_parsed_serve_args``, and ``create_engine_config`` against the staged model),
+    for this image ID and these arguments. Nothing starts while they do not.
+
+    + lane: the lane's name
+    + image: the lane's image (on this node, the head)
+    + request: what ``scripts/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
+    + docker_options: ``docker run`` options giving the check the lane's mounts and environment
+    """
+
+    image_id = gathered(host, DockerImageId, image=image) or "absent"
+    check = scripts.text("vllm_check.py")
+    request = json.dumps(request, sort_keys=True)
+    key = hashlib.sha256(f"{image_id}\n{request}\n{check}".encode()).hexdigest()[:16]
+    marker = serving.validated_path(lane)
+    if gathered(host, FileDigest, path=marker) == key:
+        host.noop(f"{lane}'s arguments passed the image's vLLM")
+        return
+    script, data = f"{serving.STATE_DIR}/vllm_check.py", f"{serving.STATE_DIR}/{lane}.check.json"
+    yield StringCommand("mkdir", "-p", "-m", "700", serving.STATE_DIR)
+    yield from files.put._inner(src=io.StringIO(check), dest=script, mode="644")
+    yield from files.put._inner(src=io.StringIO(request), dest=data, mode="600")
+    run = " ".join(
+        ["docker", "run", "--rm", "-i", "--entrypoint", "python3", "-v", f"{script}:/tmp/vllm_check.py:ro",
+         *[shlex.quote(o) for o in docker_options], shlex.quote(image), "/tmp/vllm_check.py"]
+    )
+    report = (
+        "import json,sys; r=json.loads(sys.stdin.read() or '{}'); "
+        "ok=r.get('ok'); print(('vLLM ' + str(r.get('vllm')) + ' accepts every rank') if ok else "
+        "('vLLM ' + str(r.get('vllm')) + ' refuses rank ' + str(r.get('rank')) + ': ' + str(r.get('error'))), "
+        "file=sys.stdout if ok else sys.stderr); sys.exit(0 if ok else 1)"
+    )
+    yield f"{run} < {data} | python3 -c {shlex.quote(report)} && echo {key} > {marker}"
+
+
+@operation()
+def lane_running(lane: str, digest: str, ready_timeout: int):
+    """
+    Ensure the lane serves: its units active on every node, started from the current plan (digest),
+    and the head's API completing a request. Otherwise the whole lane restarts (workers first,
+    from the head's unit) and this waits until a completion returns tokens.
+
+    + lane: the lane's name (this runs on its head)
+    + digest: the plan every rank must run (``serving.lane_digest``)
+    + ready_timeout: seconds the lane may take to answer after a (re)start
+    """
+    status = host.get_fact(LaneStatus, lane=lane) or {}
+    unit = serving.unit_name(lane)
+    wait = StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(lane), str(ready_timeout))
+    age = status.get("age")
+    starting = (
+        status.get("unit") in ("active", "activating") and status.get("started") == digest
+        and age is not None and age < ready_timeout and status.get("api") != "ok"
+        and all(state in ("active", "activating") for state in status.get("workers", {}).values())
+    )
+    if starting:
+        # Already (re)starting on its own (its unit restarts the lane when a rank dies): wait for it,
+        # restarting it only if it does not become ready.
+        logger.info(f"    [{host.name}] {unit} is starting ({age}s ago): waiting for it")
+        yield StringCommand(wait, "||", "(", "systemctl", "restart", unit, "&&", wait, ")")
+        return
+    reasons = []
+    if status.get("unit") != "active":
+        reasons.append(f"its unit is {status.get('unit', 'not installed')}")
+    elif status.get("started") != digest:
+        reasons.append("its plan changed")
+    else:
+        down = [f"{ip} ({state})" for ip, state in sorted(status.get("workers", {}).items()) if state != "active"]
+        if down:
+            reasons.append("workers not running: " + ", ".join(down))
+        elif status.get("api") != "ok":
+            reasons.append(f"the API does not complete ({status.get('api')})")
+    if not reasons:
+        host.noop(f"lane {lane} serves")
+        return
+    # Said in every run, --dry included: what restarts, and why.
+    logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
+    yield StringCommand("systemctl", "restart", unit)
+    yield wait
+
+
+@operation()
+def lane_warm(lane: str, digest: str):
+    """
+    Ensure the running lane has had one throwaway request per workload shape since it started,
+    so start-up JIT costs never land in a measurement.
+
+    + lane: the lane's name (this runs on its head)
+    + digest: the plan the lane runs
+    """
+    status = host.get_fact(LaneStatus, lane=lane, probe=False) or {}  # the marks are enough here
+    if status.get("warm") == digest and status.get("started") == digest:
+        host.noop(f"lane {lane} is warm")
+        return
+    yield StringCommand("python3", serving.LANE_CTL, "warmup", QuoteString(lane))

@@ -1,0 +1,226 @@
+"""
+Staging: one image ID and one verified model snapshot on every node (``sparkinfra.transfer``
+decides the commands).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+
+from pyinfra import host
+from pyinfra.api import (
+    FunctionCommand,
+    QuoteString,
+    StringCommand,
+    operation,
+)
+from pyinfra.facts.files import Directory, File, FileContents
+from pyinfra.operations import files
+
+from .. import transfer
+from ..facts.reading import gathered, gathered_each
+from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
+from .files import preparing, put_secret, refuse
+
+# Staging
+# -------
+
+
+@operation()
+def image_present(image: str, image_id: str = "", tarball: str = "", build: str = ""):
+    """
+    Ensure the image is on this host (the head): loaded from ``tarball`` or built by ``build``
+    when missing, and with ``image_id`` when one is given.
+
+    + image: name:tag
+    + image_id: the ID it must have (``sha256:...``); empty: any
+    + tarball: a ``docker save`` tarball on this host to load when the image is missing
+    + build: a shell command on this host that builds the image when it is missing
+    """
+    current = gathered(host, DockerImageId, image=image)
+    if current is None:
+        if tarball:
+            yield StringCommand("docker", "load", "-i", QuoteString(tarball))
+        elif build:
+            yield StringCommand("sh", "-c", QuoteString(build))
+        else:
+            yield from refuse(f"{host.name}: image {image} is missing; set image_tarball or image_build")
+            return
+        if image_id:
+            check = (
+                f"got=$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}); "
+                f"[ \"$got\" = {shlex.quote(image_id)} ] || "
+                f"{{ echo \"{host.name}: {image} is $got, settings want {image_id}\" >&2; exit 1; }}"
+            )
+            yield StringCommand("sh", "-c", QuoteString(check))
+        return
+    if image_id and current != image_id:
+        yield from refuse(f"{host.name}: image {image} is {current}, settings want {image_id}")
+        return
+    host.noop(f"{image} is {current}")
+
+
+@operation()
+def image_on_workers(image: str, workers: list):
+    """
+    Ensure every worker has the head's image ID: only workers whose ID differs receive it,
+    streamed from this host (the head) over the fabric, all at once; 0 bytes move otherwise.
+
+    + image: name:tag
+    + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
+    """
+    head_id = gathered(host, DockerImageId, image=image)
+    if head_id is None:
+        if preparing():
+            yield StringCommand("echo", f"{image} reaches the workers once it is on the head")
+            return
+        yield from refuse(f"{host.name}: {image} is not on the head")
+        return
+    ids = gathered_each([w for w, _ in workers], DockerImageId, image=image)
+    behind = [(w, ip) for (w, ip), wid in zip(workers, ids) if wid != head_id]
+    if not behind:
+        host.noop(f"every worker has {image} {head_id[:19]}")
+        return
+    script = transfer.image_fanout_script(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind])
+    yield StringCommand("bash", "-c", QuoteString(script))
+
+
+@operation()
+def snapshot_manifest(repo_dir: str):
+    """
+    Ensure the snapshot's manifest (path, size, sha256 of every file) is current on this host;
+    only files whose size or mtime changed are hashed again.
+
+    + repo_dir: the repository's folder in the HF cache
+    """
+    state = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
+    if not state.get("exists"):
+        if preparing():
+            yield StringCommand("echo", f"manifest of {repo_dir} once the snapshot is there")
+            return
+        yield from refuse(f"{host.name}: no snapshot at {repo_dir}")
+        return
+    if not state["stale"]:
+        host.noop(f"manifest of {repo_dir}: {state['files']} files, {state['bytes']} bytes")
+        return
+    yield snapshot_tool_command("manifest", repo_dir, "--write")
+
+
+@operation()
+def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, streams: int, deep: bool = False):
+    """
+    Ensure every worker's copy of a snapshot matches this host's (the head's) manifest: the
+    workers whose manifest digest differs pull only missing, short or differing files, in
+    parallel streams, from a read-only rsync daemon the head runs on its fabric address for the
+    transfer only.
+
+    + repo_dir: the repository's folder in the HF cache (the same path on every node)
+    + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
+    + bind_ip, port: where the head's daemon listens during the transfer
+    + streams: parallel rsync streams per worker
+    + deep: hash every file on the workers, not only those whose size or mtime changed
+    """
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
+    if not mine.get("exists") or mine.get("stale"):
+        if preparing():
+            yield StringCommand("echo", f"{repo_dir} reaches the workers once its manifest is made")
+            return
+        yield from refuse(f"{host.name}: no current manifest for {repo_dir}")
+        return
+    theirs = gathered_each([w for w, _ in workers], SnapshotManifest, repo_dir=repo_dir, deep=deep)
+    behind = [ipaddr for (_, ipaddr), m in zip(workers, theirs) if (m or {}).get("digest") != mine["digest"]]
+    if not behind:
+        host.noop(f"every worker matches the manifest of {repo_dir}")
+        return
+    script = transfer.head_transfer_script(repo_dir, behind, bind_ip, port, streams, deep)
+    yield StringCommand("bash", "-c", QuoteString(script))
+
+
+@operation()
+def snapshot_matches(repo_dir: str, head, deep: bool = False):
+    """
+    Ensure this host's copy of a snapshot matches the head's manifest (checked, never changed
+    here: the head stages it). A mismatch after staging is an error naming the files.
+
+    + repo_dir: the repository's folder in the HF cache
+    + head: the pyinfra host holding the manifest
+    + deep: hash every file, not only those whose size or mtime changed
+    """
+    if preparing():
+        return
+    wanted = gathered(head, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=deep) or {}
+    if wanted.get("digest") and mine.get("digest") == wanted["digest"]:
+        host.noop(f"{repo_dir} matches the head's manifest ({mine['files']} files)")
+        return
+    # Name the files: compare against the head's manifest, placed here for that.
+    content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{transfer.MANIFEST}") or [])
+    check = f"/run/sparkinfra/{transfer.MANIFEST}.{host.name}"
+    yield from files.put._inner(src=io.StringIO(content), dest=check, mode="600")
+    yield StringCommand(
+        "sh", "-c", QuoteString(
+            f"python3 -c {shlex.quote(transfer.tool_source())} compare {shlex.quote(repo_dir)} {check}"
+            + (" --deep" if deep else "")
+            + f" | python3 -c {shlex.quote(_MISMATCH)} {shlex.quote(host.name)} {shlex.quote(repo_dir)}"
+        ),
+    )
+
+
+_MISMATCH = (
+    "import json, sys; d = json.load(sys.stdin); "
+    "bad = d['missing'] + d['shorter'] + d['differ'] + d['links']; "
+    "print(f'{sys.argv[1]}: {sys.argv[2]} does not match the head manifest: {bad[:20]}', file=sys.stderr); "
+    "sys.exit(1)"
+)
+
+
+@operation()
+def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, token_env: str = "HF_TOKEN",
+                        endpoint: str = ""):
+    """
+    Ensure a model snapshot is in this host's HF cache, downloaded once with ``huggingface_hub``
+    when it is not -- the lane image's own copy, so the host needs nothing but docker. The token
+    (from the controller's ``token_env``) reaches the host only as a 0600 file, mounted read-only
+    into the download and removed after it; it is never on a command line or in the output.
+
+    + repo, revision: the repository and its pinned revision
+    + cache_dir: the HF hub cache folder (``model_dir``)
+    + image: an image with python3 and huggingface_hub (the lane image, staged before)
+    + token_env: the controller environment variable holding the token (may be unset)
+    + endpoint: the hub's URL (``HF_ENDPOINT``, a mirror); empty: huggingface.co
+    """
+    repo_path = transfer.repo_dir(cache_dir, repo)
+    if gathered(host, Directory, path=f"{repo_path}/snapshots/{revision}") or (
+        not re.fullmatch(r"[0-9a-f]{40}", revision) and gathered(host, File, path=f"{repo_path}/refs/{revision}")
+    ):
+        host.noop(f"{repo}@{revision} is in {cache_dir}")
+        return
+    token = os.environ.get(token_env, "")
+    token_file = f"/run/sparkinfra/hf_token.{abs(hash((repo, revision))) % 10**8}"
+    if token:
+        # Not files.put: its --diff output would print the token. A function command holds the
+        # token in a closure (its repr names only the function) and uploads it into a 0600 file.
+        def upload_token(state, host):
+            # The folder is root-only (0700) before the token is in it.
+            host.run_shell_command(StringCommand("install", "-d", "-m", "700", "/run/sparkinfra"), _sudo=True)
+            return put_secret(host, token, token_file)
+
+        yield FunctionCommand(upload_token, (), {})
+    script = (
+        "import os, sys\n"
+        "f = '/run/hf_token'\n"
+        "token = open(f).read().strip() if os.path.exists(f) else None\n"
+        "from huggingface_hub import snapshot_download\n"
+        "print(snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3], token=token))\n"
+    )
+    run = [
+        "docker", "run", "--rm", "--network", "host", "--entrypoint", "python3",
+        "-v", f"{shlex.quote(cache_dir)}:{shlex.quote(cache_dir)}",
+        *(["-v", f"{token_file}:/run/hf_token:ro"] if token else []),
+        *(["-e", f"HF_ENDPOINT={shlex.quote(endpoint)}"] if endpoint else []),
+        shlex.quote(image), "-c", shlex.quote(script), shlex.quote(repo), shlex.quote(revision), shlex.quote(cache_dir),
+    ]
+    yield f"mkdir -p {shlex.quote(cache_dir)} && {' '.join(run)}; rc=$?; rm -f {token_file}; exit $rc"
