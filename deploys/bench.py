@@ -10,14 +10,16 @@ offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.m
 from pyinfra import host
 from pyinfra.operations import python
 
-from sparkinfra import bench, run
+from sparkinfra import run
+from sparkinfra.bench.job import job_for, run_from_deploy
+from sparkinfra.bench.report import run_dir
 from sparkinfra.operations.lane import lane_warm
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
 cluster = here.cluster
 
 if here.is_head:
-    job = bench.job_for(host, cluster)  # refuses a lane that is not serving its current plan
+    job = job_for(host, cluster)  # refuses a lane that is not serving its current plan
 
     lane_warm(
         name=f"Lane {job.meta.lane} is warm (one request per workload shape)",
@@ -25,7 +27,7 @@ if here.is_head:
         digest=job.meta.extra["plan"],
     )
     python.call(
-        name=f"Lane {job.meta.lane} is benchmarked from the controller into {bench.run_dir(job.results_dir, job.meta)}",
-        function=bench.run_from_deploy,
+        name=f"Lane {job.meta.lane} is benchmarked from the controller into {run_dir(job.results_dir, job.meta)}",
+        function=run_from_deploy,
         job=job,
     )

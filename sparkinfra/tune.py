@@ -1,6 +1,6 @@
 """
 GMU bracketing on a cluster (``deploys/tune.py``): start the lane with the memory knob at a value,
-read vLLM's start-up outcome from every rank's log (``gmu.parse_startup``), and move the knob as
+read vLLM's start-up outcome from every rank's log (``vllm_log.parse_startup``), and move the knob as
 the reported GiB say (``gmu.bracket``) until the highest value that boots with a KV pool of the
 lane's ``max_model_len`` is known. Each start is a trial (``lane_ctl.py trial``): trial containers
 with the lane's plan and the knob changed, the lane's units stopped meanwhile.
@@ -16,7 +16,7 @@ from pathlib import Path
 from pyinfra.api import QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
 
-from . import gmu, lanes, serving
+from . import gmu, lanes, serving, vllm_log
 from .facts.lane import LaneStatus
 
 KNOBS = {"gpu_memory_utilization": gmu.GMU, "VLLM_CPU_KVCACHE_SPACE": gmu.CPU_KV_SPACE}
@@ -78,7 +78,7 @@ def job_for(host, cluster) -> TuneJob:
     )
 
 
-def trial(host, job: TuneJob, value: float, number: int, log) -> gmu.Outcome:
+def trial(host, job: TuneJob, value: float, number: int, log) -> vllm_log.Outcome:
     """One start at ``value`` on every rank; its log is kept in the job's folder."""
     text_value = job.knob.format(value)
     command = StringCommand(
@@ -90,7 +90,7 @@ def trial(host, job: TuneJob, value: float, number: int, log) -> gmu.Outcome:
     (job.folder / f"start-{number}-{text_value}.log").write_text(text + "\n")
     if not ok:
         raise OperationError(f"trial start {job.knob.name}={text_value} could not run: {text[-600:]}")
-    outcome = gmu.parse_startup(text)
+    outcome = vllm_log.parse_startup(text)
     verdict = next((line for line in text.splitlines() if line.startswith("=== trial")), "")
     log(f"start {number}: {job.knob.name}={text_value}: {outcome.kind}"
         + (f", pool {outcome.pool_tokens():,} tokens" if outcome.pool_tokens() is not None else "")
@@ -109,7 +109,7 @@ def run_from_deploy(state, host, job: TuneJob) -> bool:
     job.folder.mkdir(parents=True, exist_ok=True)
     starts = []
 
-    def try_start(value: float) -> gmu.Outcome:
+    def try_start(value: float) -> vllm_log.Outcome:
         starts.append(value)
         return trial(host, job, value, len(starts), log)
 

@@ -2,6 +2,9 @@
 """
 Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, run by the lane's unit).
 
+Over 400 lines: it is uploaded as one file and runs with the node's own python3 (stdlib only), so
+its parts (start order, watch, liveness, trials, status) cannot be modules of their own.
+
     lane_ctl.py pre LANE          head, ExecStartPre: stop other lanes here and on the workers,
                                   then restart this lane's workers (all ranks start fresh, workers first)
     lane_ctl.py run LANE          ExecStart: the rank's container; on the head also the lane's watch:

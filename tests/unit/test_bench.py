@@ -19,20 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from sparkinfra import bench
-from sparkinfra.bench import (
-    BenchError,
+from sparkinfra.bench import job, probes, report
+from sparkinfra.bench.__main__ import main
+from sparkinfra.bench.benchy import Row, benchy_command, parse_benchy
+from sparkinfra.bench.probes import BenchError, chat_url, probe, warmup
+from sparkinfra.bench.report import (
     Meta,
-    Row,
-    benchy_command,
-    chat_url,
     compare,
-    parse_benchy,
     plot_decode_vs_depth,
     plot_users,
-    probe,
     render_markdown,
-    warmup,
     write_results,
 )
 
@@ -122,7 +118,7 @@ def test_probe_times_counts_and_sends_key(capsys):
     body = sent["body"]
     assert body["temperature"] == 0 and body["max_tokens"] == 256 and body["stream"] is False
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
-    assert body["messages"][0]["content"] == bench.WORKLOADS["json"]
+    assert body["messages"][0]["content"] == probes.WORKLOADS["json"]
     out = capsys.readouterr()
     assert KEY not in json.dumps(records) + out.out + out.err
 
@@ -279,7 +275,7 @@ def test_write_results_folder(tmp_path):
     assert saved["meta"] == dataclasses.asdict(meta()) and saved["benchy_raw"] == raw
     assert len(saved["probes"]) == 20 and len(saved["sweep"]) == 12
     assert (folder / "results.md").read_text() == (FIXTURES / "results.md.golden").read_text()
-    m, probes, rows = bench.load_results(folder)
+    m, probes, rows = report.load_results(folder)
     assert m == meta() and rows == parse_benchy(raw) and probes == probes_fixture()
 
 
@@ -315,9 +311,9 @@ def test_compare(tmp_path):
 def test_compare_cli(tmp_path, capsys):
     a = write_results(tmp_path, meta(), probes_fixture(), parse_benchy(sweep_raw()))
     b = _run_b(tmp_path)
-    assert bench.main(["--compare", str(a), str(b)]) == 0
+    assert main(["--compare", str(a), str(b)]) == 0
     assert capsys.readouterr().out == compare(a, b)
-    assert bench.main(["--compare", str(a), str(tmp_path / "missing")]) == 2
+    assert main(["--compare", str(a), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
     done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "--compare", str(a), str(a)],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
@@ -335,7 +331,7 @@ def test_tokenizer_names_never_take_weights():
         "model-00001-of-00002.safetensors": 5 << 30, "model.safetensors.index.json": 60_000, "README.md": 9_000,
         "tokenizer.model": 500_000, ".sparkinfra-manifest.json": 4_000,
     }
-    assert bench.tokenizer_names(files) == [
+    assert job.tokenizer_names(files) == [
         "chat_template.jinja", "config.json", "generation_config.json", "merges.txt", "special_tokens_map.json",
         "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json",
     ]
@@ -349,7 +345,7 @@ def test_seed_book_places_the_file_where_llama_benchy_caches_its_url(tmp_path, m
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     book = tmp_path / "book.txt"
     book.write_text("It was a dark and stormy night. " * 50)
-    url = bench.seed_book(str(book))
+    url = job.seed_book(str(book))
     assert url == book.resolve().as_uri()
     cached = tmp_path / "home" / ".cache" / "llama-benchy" / f"{hashlib.md5(url.encode()).hexdigest()}.txt"
     assert cached.read_text() == book.read_text()
@@ -359,11 +355,11 @@ def test_seed_book_places_the_file_where_llama_benchy_caches_its_url(tmp_path, m
     corpus.tokenizer = type("T", (), {"encode": staticmethod(lambda text, add_special_tokens=False: text.split())})
     assert corpus._load_data()[:4] == ["It", "was", "a", "dark"]
     book.write_text("changed")
-    bench.seed_book(str(book))
+    job.seed_book(str(book))
     assert cached.read_text() == "changed"
-    assert bench.seed_book("") is None
-    with pytest.raises(bench.BenchError, match="bench_book .*missing.txt: no such file"):
-        bench.seed_book(str(tmp_path / "missing.txt"))
+    assert job.seed_book("") is None
+    with pytest.raises(probes.BenchError, match="bench_book .*missing.txt: no such file"):
+        job.seed_book(str(tmp_path / "missing.txt"))
 
 
 def test_fetch_tokenizer_copies_once_by_size(tmp_path):
@@ -377,16 +373,16 @@ def test_fetch_tokenizer_copies_once_by_size(tmp_path):
             Path(local).write_text("x" * 5)
             return True
 
-    job = bench.Job(
+    the_job = job.Job(
         base_url="http://h:8000", served_model="tiny", api_key_env="", snapshot="/hf/snap",
         tokenizer_files={"tokenizer.json": 5, "config.json": 5}, probes=1, max_tokens=8, workloads=["json"],
         thinking=[False], pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="", coherence=False,
-        results_dir=str(tmp_path), meta=bench.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
+        results_dir=str(tmp_path), meta=report.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
     )
-    folder = bench.fetch_tokenizer(Head(), job, cache=tmp_path / "cache")
+    folder = job.fetch_tokenizer(Head(), the_job, cache=tmp_path / "cache")
     assert folder == tmp_path / "cache" / "org--m@abc"
     assert sorted(copied) == ["/hf/snap/config.json", "/hf/snap/tokenizer.json"]
-    bench.fetch_tokenizer(Head(), job, cache=tmp_path / "cache")
+    job.fetch_tokenizer(Head(), the_job, cache=tmp_path / "cache")
     assert len(copied) == 2  # same sizes: nothing copied again
-    with pytest.raises(bench.BenchError, match="holds no tokenizer files"):
-        bench.fetch_tokenizer(Head(), dataclasses.replace(job, tokenizer_files={}), cache=tmp_path / "cache")
+    with pytest.raises(probes.BenchError, match="holds no tokenizer files"):
+        job.fetch_tokenizer(Head(), dataclasses.replace(the_job, tokenizer_files={}), cache=tmp_path / "cache")

@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkinfra import gmu
-from sparkinfra.gmu import (
-    CPU_KV_SPACE,
-    GMU,
-    Knob,
-    Outcome,
-    bracket,
-    next_value,
-    parse_startup,
-    suggestion_text,
-)
+from sparkinfra import vllm_log
+from sparkinfra.gmu import CPU_KV_SPACE, GMU, Knob, bracket, next_value, suggestion_text
+from sparkinfra.vllm_log import Outcome, parse_startup
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 GIB = 1 << 30
@@ -102,7 +94,7 @@ def test_parse_fixture(name):
         assert getattr(outcome, key) == value, key
     assert any(evidence in line for line in outcome.evidence), outcome.evidence
     # Evidence lines are lines of the log (colour codes removed), each given once.
-    raw = {gmu._clean(line) for line in text.splitlines()}
+    raw = {vllm_log._clean(line) for line in text.splitlines()}
     assert outcome.evidence and all(line in raw for line in outcome.evidence)
     assert len(set(outcome.evidence)) == len(outcome.evidence)
     assert not any("\x1b" in line for line in outcome.evidence)
