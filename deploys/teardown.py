@@ -19,6 +19,7 @@ from pyinfra.operations.util import any_changed
 
 from sparkinfra import run, serving
 from sparkinfra.operations.fabric import fabric_address, fabric_persisted
+from sparkinfra.operations.files import file_content, text_block
 from sparkinfra.operations.lane import (
     container_absent,
     lane_units_absent,
@@ -29,7 +30,9 @@ from sparkinfra.operations.mesh import (
     MESH_CONFIG_MARKER,
     MESH_KEY,
     MESH_KNOWN_HOSTS,
+    known_hosts,
     ssh_key_authorized,
+    ssh_key_present,
 )
 from sparkinfra.operations.nccl import NCCL_ENV_FILE
 
@@ -56,7 +59,7 @@ if config.teardown == "full":
     files.directory(
         name=f"No lane plan or env file is left in {serving.PLANS_DIR}", path=serving.PLANS_DIR, present=False,
     )
-    files.file(name=f"No lane runner is left at {serving.LANE_CTL}", path=serving.LANE_CTL, present=False)
+    file_content(name=f"No lane runner is left at {serving.LANE_CTL}", path=serving.LANE_CTL, present=False)
     files.directory(name=f"No lane marks are left in {serving.MARKS_DIR}", path=serving.MARKS_DIR, present=False)
     files.directory(
         name=f"No validation marks are left in {serving.STATE_DIR}", path=serving.STATE_DIR, present=False,
@@ -73,9 +76,9 @@ if config.teardown == "full":
             present=False,
         )
     else:
-        for path in (MESH_KEY, f"{MESH_KEY}.pub", MESH_KNOWN_HOSTS):
-            files.file(name=f"No {path} is left on the head", path=path, present=False)
-        files.block(
+        ssh_key_present(name=f"No fabric SSH key is left at {MESH_KEY} on the head", path=MESH_KEY, present=False)
+        known_hosts(name=f"No {MESH_KNOWN_HOSTS} is left on the head", path=MESH_KNOWN_HOSTS, workers=[], present=False)
+        text_block(
             name=f"Head's {MESH_CONFIG} has no fabric mesh entries",
             path=MESH_CONFIG,
             marker=MESH_CONFIG_MARKER,
@@ -83,7 +86,7 @@ if config.teardown == "full":
         )
 
     # NCCL and the fabric (the pinned library and the port's MTU stay).
-    files.file(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
+    file_content(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
     boot = fabric_persisted(
         name=f"Fabric address and MTU of {fabric.interface} are not in sparkinfra's boot config",
         interface=fabric.interface,

@@ -13,7 +13,6 @@ from pyinfra.api import (
     StringCommand,
     operation,
 )
-from pyinfra.operations import files
 
 from ..facts.fabric import FabricLink, NetworkConfigBackend
 from ..facts.reading import gathered
@@ -99,7 +98,7 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
     if gathered(host, NetworkConfigBackend) == "netplan":
         dest = FABRIC_NETPLAN
         if not present:
-            yield from files.file._inner(path=dest, present=False)
+            yield from file_content._inner(path=dest, present=False)
             return
         yield from file_content._inner(
             path=dest, mode="600",  # netplan refuses world-readable files
@@ -110,7 +109,7 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
     dest = f"/etc/systemd/system/{unit}"
     if not present:
         yield from service_enabled._inner(service=unit, enabled=False)
-        yield from files.file._inner(path=dest, present=False)
+        yield from file_content._inner(path=dest, present=False)
         return
     changed = False
     for command in file_content._inner(

@@ -55,7 +55,7 @@ def refuse(message: str):
 
 @operation()
 def file_content(path: str, content: str | None = None, src: str | None = None,
-                 user: str = "root", group: str = "root", mode: str = "644"):
+                 user: str = "root", group: str = "root", mode: str = "644", present: bool = True):
     """
     Ensure ``path`` holds ``content`` with this owner and mode, read with one command (pyinfra's
     ``files.put`` asks three facts per file: most of a node's round trips in a no-op converge).
@@ -65,8 +65,15 @@ def file_content(path: str, content: str | None = None, src: str | None = None,
     + content: the text it must hold
     + src: or a file on the controller whose bytes it must hold (a library: no diff is printed)
     + user, group, mode: its owner and mode (octal, ``"600"``)
+    + present: whether the file must exist (``False``: removed; ``content`` and ``src`` unused)
     """
     now = gathered(host, FileState, path=path)
+    if not present:
+        if now["kind"] == "absent":
+            host.noop(f"{path} is absent")
+        else:
+            yield StringCommand("rm", "-f", QuoteString(path))
+        return
     if now["kind"] == "other":
         yield from refuse(f"{host.name}: {path} is not a regular file; remove it, sparkinfra writes a file there")
         return
@@ -94,7 +101,7 @@ def file_content(path: str, content: str | None = None, src: str | None = None,
 
 
 @operation()
-def text_block(path: str, content: str, marker: str):
+def text_block(path: str, marker: str, content: str = "", present: bool = True):
     """
     Ensure ``path`` holds ``content`` between ``marker``'s BEGIN and END lines, the rest of the
     file as it is: pyinfra's ``files.block``, called only when the block differs (it reads its
@@ -103,8 +110,16 @@ def text_block(path: str, content: str, marker: str):
     + path: the file
     + content: the block's lines
     + marker: the markers' text, ``{mark}`` standing for BEGIN or END
+    + present: whether the block must be there (``False``: removed with its markers)
     """
-    if gathered(host, Block, path=path, marker=marker, begin=None, end=None) == content.split("\n"):
+    now = gathered(host, Block, path=path, marker=marker, begin=None, end=None)
+    if not present:
+        if not now:
+            host.noop(f"{path} holds no such block")
+            return
+        yield from files.block._inner(path=path, marker=marker, present=False)
+        return
+    if now == content.split("\n"):
         host.noop(f"{path} holds the block")
         return
     yield from files.block._inner(path=path, content=content, marker=marker)

@@ -46,13 +46,18 @@ def mesh_config(cluster: Cluster) -> str:
 
 
 @operation()
-def ssh_key_present(path: str, comment: str):
+def ssh_key_present(path: str, comment: str = "", present: bool = True):
     """
     Ensure an ed25519 key pair exists (generated here; the private key never leaves the host).
 
     + path: the private key; the public key is ``path + ".pub"``
     + comment: the key's comment
+    + present: whether the pair must exist (``False``: both files removed)
     """
+    if not present:
+        for each in (path, f"{path}.pub"):
+            yield from file_content._inner(path=each, present=False)
+        return
     if gathered(host, File, path=path) and gathered(host, File, path=f"{path}.pub"):
         host.noop(f"{path} exists")
         return
@@ -107,14 +112,18 @@ def ssh_key_authorized(user: str, key_host, key_path: str, from_ip: str, present
 
 
 @operation()
-def known_hosts(path: str, workers: list):
+def known_hosts(path: str, workers: list, present: bool = True):
     """
     Ensure the head's known_hosts for the fabric holds each worker's ed25519 host key under its
     fabric IP, read from the worker itself when this operation runs.
 
     + path: the known_hosts file
     + workers: ``(pyinfra host, fabric IP)`` pairs
+    + present: whether the file must exist (``False``: removed; ``workers`` unused)
     """
+    if not present:
+        yield from file_content._inner(path=path, present=False)
+        return
     contents = gathered_each([w for w, _ in workers], FileContents, path=HOST_KEY)
     lines = []
     for (worker, ip), content in zip(workers, contents):
