@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BED := $(PY) -m sparkbed
-HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev
+HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev shellcheck
 
 .PHONY: setup demo test unit e2e bed-up bed-down clean
 

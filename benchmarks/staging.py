@@ -106,7 +106,7 @@ def main() -> int:
     drop_worker_copy()
     sh(HEAD, snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
     started = time.monotonic()
-    sh(HEAD, transfer.head_transfer_script(REPO_DIR, [worker_ip], head_ip, 8730, 8))
+    sh(HEAD, transfer.head_transfer_command(REPO_DIR, [worker_ip], head_ip, 8730, 8).get_raw_value())
     tool = time.monotonic() - started
     digest = json.loads(sh(HEAD, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
 
@@ -128,7 +128,7 @@ def main() -> int:
     print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s "
           f"(pyinfra's floor: start, connect, one fact {floor:.2f} s; staging's part {noop_converge - floor:.2f} s)")
 
-    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_script: one save
+    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_command: one save
     # teed to each worker's load, then the ID check), each twice in the order seeds, tool, tool, seeds
     # (the second of two runs finds warmer caches); best of each. Then the ID check alone, timed.
     image = bed.IMAGE
@@ -137,7 +137,7 @@ def main() -> int:
     head_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     methods = {
         "seeds": f"docker save {quoted} | ssh {worker_ip} 'sudo -n docker load -q' >/dev/null",
-        "tool": transfer.image_fanout_script(image, head_id, [(WORKER, worker_ip)]),
+        "tool": transfer.image_fanout_command(image, head_id, [(WORKER, worker_ip)]).get_raw_value(),
     }
     image_times: dict[str, list[float]] = {"seeds": [], "tool": []}
     for name in ("seeds", "tool", "tool", "seeds"):
@@ -149,7 +149,7 @@ def main() -> int:
     assert got == head_id, f"the worker's image is {got or 'missing'} after staging, the head has {head_id}"
     seeds_image, tool_image = min(image_times["seeds"]), min(image_times["tool"])
     print(f"image {image_size / 1e6:.0f} MB (best of 2, alternated): seeds docker save|ssh|load "
-          f"{seeds_image:.2f} s, tool (image_fanout_script) {tool_image:.2f} s, "
+          f"{seeds_image:.2f} s, tool (image_fanout_command) {tool_image:.2f} s, "
           f"ID check when equal {id_check:.2f} s per node")
     sh(WORKER, f"rm -rf {REPO_DIR} /home/spark2/seeds")
     sh(HEAD, f"rm -rf {REPO_DIR}")

@@ -84,8 +84,7 @@ def image_on_workers(image: str, workers: list):
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")
         return
-    script = transfer.image_fanout_script(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind])
-    yield StringCommand("bash", "-c", QuoteString(script))
+    yield transfer.image_fanout_command(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind])
 
 
 @operation()
@@ -135,8 +134,7 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
     if not behind:
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
-    script = transfer.head_transfer_script(repo_dir, behind, bind_ip, port, streams, deep)
-    yield StringCommand("bash", "-c", QuoteString(script))
+    yield transfer.head_transfer_command(repo_dir, behind, bind_ip, port, streams, deep)
 
 
 @operation()

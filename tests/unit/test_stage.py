@@ -8,7 +8,6 @@ checked for syntax (``bash -n`` / ``sh -n``) and read.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -31,7 +30,6 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 REPO = "org/model"
 LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 3, 64 * KIB, 4, 512
 CONFIG_JSON = b'{"architectures": ["SyntheticMoE"], "model_type": "llama"}'
-ARG_LIMIT = 32 * KIB  # what the brief allows a generated script; MAX_ARG_STRLEN is 128 KiB
 MAX_ARG_STRLEN = 128 * KIB
 
 
@@ -71,11 +69,6 @@ def blob_of(repo: Path, snapshot_file: str) -> str:
 
 def large(i: int) -> str:
     return f"model-{i:05d}-of-{LARGE:05d}.safetensors"
-
-
-def sh_ok(shell: str, script: str) -> None:
-    proc = subprocess.run([shell, "-n"], input=script, capture_output=True, text=True, timeout=10)
-    assert proc.returncode == 0, f"{shell} -n: {proc.stderr}"
 
 
 def pull(head: Path, worker: Path, out: Path) -> list[str]:
@@ -729,55 +722,127 @@ def test_models_without_drafter_or_model(tmp_path):
 
 
 REPO_DIR = "/var/lib/sparkinfra/hf/models--org--model"
-SOURCE = "rsync://10.213.1.1:8730/stage/"
+SCRIPTS = Path(transfer.scripts.DIR)
+
+
+# The node scripts (sparkinfra/scripts/*.sh): linted, and run here with stand-ins only for what
+# the test cannot do (ssh to a worker, sudo, docker, an rsync daemon on the fabric)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_node_shell_scripts_pass_shellcheck():
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck, "shellcheck is not installed (make setup installs it)"
+    found = sorted(SCRIPTS.glob("*.sh"))
+    assert {p.name for p in found} >= {"stage_pull.sh", "stage_head.sh", "image_fanout.sh"}
+    proc = subprocess.run([shellcheck, "--severity=style", *map(str, found)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def stubs(tmp_path: Path, **scripts: str) -> dict:
+    """An environment whose PATH finds these stand-ins (name -> sh script body) first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+SUDO = 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n'  # sudo -n CMD: run CMD
+
+
+def run_pull(tmp_path: Path, head: Path, worker_repo: Path, env: dict, deep: bool = False, **popen):
+    """``pull_command`` as a worker's shell gets it from the head's ssh, pulling from a local source."""
+    command = transfer.pull_command(str(worker_repo), f"{head.parent}/", 4, deep)
+    return subprocess.Popen(["sh", "-c", command], env=env, text=True, **popen)
+
+
+def staged_head(tmp_path: Path, **kw) -> Path:
+    head = head_snapshot(tmp_path, **kw)
+    assert tool.main(["manifest", str(head), "--write"]) == 0
+    return head
 
 
 @pytest.mark.parametrize("deep", [False, True])
-def test_pull_script_is_valid_small_shell(deep):
-    script = transfer.pull_script(REPO_DIR, SOURCE, 8, deep)
-    sh_ok("bash", script)
-    sh_ok("sh", script)
-    assert len(script) < ARG_LIMIT
-    assert script.endswith("\n")
-    assert ("--deep" in script) is deep
-    lines = script.splitlines()
-    assert lines[0] == "set -eu"
-    plan = next(line for line in lines if " plan " in line)
-    assert shlex.split(plan)[:7] == ["python3", "$work/tool.py", "plan", REPO_DIR, "$work/manifest.json", "$work", "8"]
-    assert plan.split(">")[0].rstrip().endswith("8 --deep" if deep else "8")
+def test_pull_fetches_a_snapshot_and_records_the_heads_manifest(tmp_path, capsys, deep):
+    head = staged_head(tmp_path)
+    capsys.readouterr()
+    worker = tmp_path / "worker" / head.name
+    env = stubs(tmp_path, sudo=SUDO)
+    proc = run_pull(tmp_path, head, worker, env, deep, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert tool.manifest(str(worker))["digest"] == tool.manifest(str(head))["digest"]
+    assert (worker / tool.MANIFEST).exists() and not tool.manifest(str(worker))["stale"]
 
 
-def test_pull_script_carries_the_tool_and_pulls_from_the_source():
-    script = transfer.pull_script(REPO_DIR, SOURCE, 4)
-    (blob,) = re.findall(r"printf %s '?([A-Za-z0-9+/=]+)'? \| base64 -d > \"\$work/tool.py\"", script)
-    assert base64.b64decode(blob).decode() == transfer.tool_source()
-    assert f"rsync -a {SOURCE}models--org--model/{transfer.MANIFEST} \"$work/manifest.json\"" in script
-    assert "cd /var/lib/sparkinfra/hf\n" in script  # list lines are relative to the cache folder
-    pulls = [line for line in script.splitlines() if "--files-from" in line]
-    assert len(pulls) == 1 and "--append-verify" in pulls[0] and "--partial" in pulls[0]
-    assert f" {SOURCE} . " in pulls[0]
-    assert script.splitlines()[-1].startswith(f"python3 \"$work/tool.py\" adopt {REPO_DIR} ")
+def test_pull_resumes_a_short_file_and_sends_only_what_is_missing(tmp_path, capsys):
+    head = staged_head(tmp_path)
+    worker = worker_copy(head, tmp_path)
+    shard = next(worker.rglob("model-00001-of-*.safetensors")).resolve()
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) // 2])  # a transfer cut short
+    log = tmp_path / "rsync.log"
+    env = stubs(tmp_path, sudo=SUDO, rsync=f'echo "$*" >> {log}\nexec /usr/bin/rsync "$@"\n')
+    proc = run_pull(tmp_path, head, worker, env, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert shard.read_bytes() == whole
+    pulls = [line for line in log.read_text().splitlines() if "--files-from" in line]
+    assert pulls and all("--append-verify" in line and "--partial" in line for line in pulls)
+    assert tool.manifest(str(worker))["digest"] == tool.manifest(str(head))["digest"]
 
 
-@pytest.mark.parametrize("small", [0, 400])
-def test_scripts_ship_no_file_lists(tmp_path, small):
-    """However many files a snapshot has, the commands carry none of them (each worker plans its own)."""
-    cache = tmp_path / "hf"
-    repo = make_snapshot(cache, REPO, REV, large=2, large_bytes=KIB, small=small, small_bytes=16)
-    pull = transfer.pull_script(str(repo), SOURCE, 8)
-    head = transfer.head_transfer_script(str(repo), ["10.213.1.2"], "10.213.1.1", 8730, 8)
-    for script in (pull, head):
-        assert len(script) < ARG_LIMIT
-        assert "safetensors" not in script and "part-0000" not in script
-    assert pull == transfer.pull_script(str(repo), SOURCE, 8)
+def test_pull_reports_progress_and_lets_go_of_its_output_at_the_end(tmp_path):
+    head = staged_head(tmp_path)
+    worker = tmp_path / "worker" / head.name
+    slow_rsync = 'case "$*" in *--files-from*) sleep 2.5;; esac\nexec /usr/bin/rsync "$@"\n'
+    env = {**stubs(tmp_path, sudo=SUDO, rsync=slow_rsync), "PROGRESS_EVERY": "1"}
+    proc = run_pull(tmp_path, head, worker, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    lines = proc.stdout.read().splitlines()
+    assert lines and re.fullmatch(r".+: \d+ of \d+ MiB, \d+ MiB/s, ETA \d+ s", lines[0]), lines
+    # asleep in its 30 s wait when the pull ends: the loop must end with it, not at its next tick
+    env["PROGRESS_EVERY"] = "30"
+    shutil.rmtree(worker)
+    proc = run_pull(tmp_path, head, worker, env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    readable, _, _ = select.select([proc.stdout], [], [], 10)
+    assert readable and proc.stdout.read() == "", "the progress loop still holds the output open"
+    assert proc.wait(timeout=5) == 0
 
 
-def rsyncd_conf(script: str) -> dict:
-    (command,) = re.findall(r"^printf %s '[^']*' > \$run/rsyncd\.conf$", script, re.M)
-    words = shlex.split(command)
-    assert words[:2] == ["printf", "%s"] and words[3:] == [">", "$run/rsyncd.conf"]
+def test_pull_command_ships_no_file_list_and_fits_one_argument(tmp_path):
+    """However many files a snapshot has, the commands carry none of them (each worker plans its own);
+    on 8 nodes (7 workers) the head's command is one argument under Linux's MAX_ARG_STRLEN."""
+    repo = make_snapshot(tmp_path / "hf", REPO, REV, large=2, large_bytes=KIB, small=400, small_bytes=16)
+    workers = [f"10.213.1.{i}" for i in range(2, 9)]
+    command = transfer.head_transfer_command(str(repo), workers, "10.213.1.1", 8730, 64, True).get_raw_value()
+    assert "safetensors" not in command and "part-0000" not in command
+    assert len(shlex.quote(command)) < MAX_ARG_STRLEN
+    one = transfer.head_transfer_command(str(repo), workers[:1], "10.213.1.1", 8730, 64, True).get_raw_value()
+    assert len(command) - len(one) < KIB  # each further worker adds its address, not a copy
+
+
+def head_run(tmp_path: Path, workers: list[str], failing: tuple = (), deep: bool = False):
+    """``head_transfer_command`` run with stand-ins for the daemon (it keeps its config) and ssh."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    env = stubs(
+        tmp_path,
+        rsync=f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\nexec sleep 30\n',
+        ssh=(
+            'while [ "$1" = -o ]; do shift 2; done\n'
+            f'printf %s "$2" > {seen}/pull.$1\n'
+            f'case " {" ".join(failing)} " in *" $1 "*) exit 3;; esac\n'
+        ),
+    )
+    command = transfer.head_transfer_command(REPO_DIR, workers, "127.0.0.1", 1, 6, deep)
+    proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True, timeout=60)
+    return proc, seen
+
+
+def rsyncd_conf(text: str) -> dict:
     conf, section = {}, ""
-    for raw in words[2].splitlines():
+    for raw in text.splitlines():
         if raw.startswith("["):
             section = raw.strip("[]")
             continue
@@ -786,143 +851,33 @@ def rsyncd_conf(script: str) -> dict:
     return conf
 
 
-def ssh_lines(script: str) -> list[list[str]]:
-    return [shlex.split(line) for line in script.splitlines() if line.startswith(transfer.MESH_SSH)]
-
-
-def pull_command(script: str) -> str:
-    """The value of the head script's one ``pull=<quoted command>`` assignment."""
-    (line,) = [line for line in script.splitlines() if line.startswith("pull=")]
-    (word,) = shlex.split(line)
-    return word[len("pull="):]
-
-
-def decode_remote(command: str) -> str:
-    m = re.fullmatch(r"echo ([A-Za-z0-9+/=]*) \| base64 -d \| sudo -n sh", command)
-    assert m, command
-    return base64.b64decode(m.group(1)).decode()
-
-
+@pytest.mark.skipif(os.geteuid() != 0, reason="the head's script runs as root (its folder is in /run)")
 @pytest.mark.parametrize("deep", [False, True])
-def test_head_transfer_script(deep):
+def test_head_runs_a_read_only_daemon_for_the_workers_and_one_pull_each(tmp_path, deep):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    script = transfer.head_transfer_script(REPO_DIR + "/", workers, "10.213.1.1", 8730, 6, deep)
-    sh_ok("bash", script)
-
-    conf = rsyncd_conf(script)
-    assert conf[("", "address")] == "10.213.1.1"
-    assert conf[("", "port")] == "8730"
+    proc, seen = head_run(tmp_path, workers, deep=deep)
+    assert proc.returncode == 0, proc.stderr
+    conf = rsyncd_conf((seen / "rsyncd.conf").read_text())
+    assert conf[("", "address")] == "127.0.0.1" and conf[("", "port")] == "1"
     assert conf[("stage", "path")] == "/var/lib/sparkinfra/hf"
     assert conf[("stage", "read only")] == "yes"
     assert conf[("stage", "hosts allow")].split() == workers
     assert conf[("stage", "hosts deny")] == "*"
-
-    lines = script.splitlines()
-    daemon = next(i for i, line in enumerate(lines) if "rsync --daemon" in line)
-    trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
-    first_ssh = next(i for i, line in enumerate(lines) if line.startswith(transfer.MESH_SSH))
-    assert daemon < trap < first_ssh
-    assert "daemon=$!" in lines[daemon]
-    trap_words = shlex.split(lines[trap])
-    assert trap_words[-1] == "EXIT" and "kill -KILL $daemon" in trap_words[1]
-    assert "/dev/tcp/10.213.1.1/8730" in script  # waits for the daemon before the workers connect
-
-    assigns = [i for i, line in enumerate(lines) if line.startswith("pull=")]
-    assert len(assigns) == 1, "the pull command is defined once"
-    assert trap < assigns[0] < first_ssh
-    expected = transfer.pull_script(REPO_DIR + "/", "rsync://10.213.1.1:8730/stage/", 6, deep)
-    pull = decode_remote(pull_command(script))
-    assert pull == expected
-    assert ("--deep" in pull) is deep
-    sh_ok("sh", pull)
-
-    ssh_raw = [line for line in lines if line.startswith(transfer.MESH_SSH)]
-    assert ssh_raw == [f'{transfer.MESH_SSH} {ip} "$pull" & pids="$pids $!"' for ip in workers]
-    sshs = ssh_lines(script)
-    assert [w[len(transfer.MESH_SSH.split())] for w in sshs] == workers  # one ssh per worker
-    for words in sshs:
-        assert words[:5] == transfer.MESH_SSH.split()
-        assert words[6] == "$pull"  # one argument: the remote command
-        assert words[7:] == ["&", "pids=$pids $!"]  # in parallel
-    assert lines[-1].endswith("exit $rc")
+    expected = transfer.pull_command(REPO_DIR, "rsync://127.0.0.1:1/stage/", 6, deep)
+    for ip in workers:
+        assert (seen / f"pull.{ip}").read_text() == expected  # the same command, once per worker
+    assert not list(Path("/run").glob("sparkinfra-stage.*")), "the daemon's folder is left"
 
 
-def test_head_transfer_script_expands_pull_to_the_remote_command():
-    """Run the script's own ``pull=`` line in bash: ``"$pull"`` is exactly ``run_remote(pull_script)``."""
-    script = transfer.head_transfer_script(REPO_DIR, ["10.213.1.2", "10.213.1.3"], "10.213.1.1", 8730, 4)
-    (assign,) = [line for line in script.splitlines() if line.startswith("pull=")]
-    proc = subprocess.run(["bash", "-c", f'{assign}\nprintf %s "$pull"'], capture_output=True, text=True, timeout=10)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == transfer.run_remote(transfer.pull_script(REPO_DIR, "rsync://10.213.1.1:8730/stage/", 4))
+@pytest.mark.skipif(os.geteuid() != 0, reason="the head's script runs as root (its folder is in /run)")
+def test_head_fails_when_a_worker_fails_after_every_worker_ran(tmp_path):
+    workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
+    proc, seen = head_run(tmp_path, workers, failing=("10.213.1.3",))
+    assert proc.returncode == 1
+    assert all((seen / f"pull.{ip}").exists() for ip in workers)
 
 
-def test_head_transfer_script_size_does_not_grow_with_workers():
-    """The pull command is defined once: each further worker adds one short ssh line, not a copy."""
-    sizes = {}
-    for n in (1, 7):
-        workers = [f"10.213.1.{i}" for i in range(2, 2 + n)]
-        sizes[n] = len(transfer.head_transfer_script(REPO_DIR, workers, "10.213.1.1", 8730, 64, True))
-    assert sizes[7] - sizes[1] < KIB, sizes
-    assert max(sizes.values()) < ARG_LIMIT, sizes
-
-
-def test_head_transfer_script_fits_one_argument_on_an_eight_node_cluster():
-    """
-    ``bash -c SCRIPT`` under pyinfra's ``sudo sh -c``: one argument, at most MAX_ARG_STRLEN
-    (128 KiB) on Linux; the largest supported cluster (8 nodes: 7 workers) is the one to check.
-    """
-    workers = [f"10.213.1.{i}" for i in range(2, 9)]
-    script = transfer.head_transfer_script(REPO_DIR, workers, "10.213.1.1", 8730, 64, True)
-    command = f"bash -c {shlex.quote(script)}"
-    assert len(shlex.quote(command)) < MAX_ARG_STRLEN
-
-
-@pytest.mark.parametrize("script", [
-    "echo hi\n",
-    "",
-    "printf '%s\\n' \"it's\" `x` $y\n# \u00e9\u4e2d\n",
-    transfer.pull_script(REPO_DIR, SOURCE, 2),
-])
-def test_run_remote_round_trips(script):
-    command = transfer.run_remote(script)
-    assert decode_remote(command) == script
-    blob = command.split(" ")[1]
-    proc = subprocess.run(["sh", "-c", f"echo {blob} | base64 -d"], capture_output=True, timeout=10)
-    assert proc.returncode == 0 and proc.stdout == script.encode()
-
-
-def run_progress(tmp_path, every: int, body: str) -> subprocess.Popen:
-    """Run ``progress_lines`` around ``body`` as the pull script does, until the shell exits."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (tmp_path / "plan.json").write_text('{"lists": 1, "bytes_needed": 1048576}')
-    script = "\n".join([
-        "set -eu",
-        *transfer.progress_lines(str(repo), shlex.quote(str(tmp_path / "plan.json")), every),
-        "trap 'kill $progress 2>/dev/null' EXIT",
-        body,
-    ])
-    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
-    proc.wait(timeout=30)
-    return proc
-
-
-def test_progress_reports_bytes_rate_and_eta(tmp_path):
-    proc = run_progress(tmp_path, 1, f"head -c 524288 /dev/zero > {tmp_path}/repo/blob; sleep 2.5")
-    lines = proc.stdout.read().splitlines()
-    assert lines, "no progress line in 2.5 s at one a second"
-    assert re.fullmatch(r".+: 0 of 1 MiB, 0 MiB/s, ETA \d+ s", lines[0]), lines
-
-
-def test_progress_lets_go_of_the_output_when_the_script_ends(tmp_path):
-    """ssh (and pyinfra) wait for EOF on the command's output: the loop and its sleep must end
-    with the script, not at their next tick (this once added up to 5 s to every transfer)."""
-    proc = run_progress(tmp_path, 30, "sleep 1")  # the loop is asleep when the script ends
-    readable, _, _ = select.select([proc.stdout], [], [], 5)
-    assert readable and proc.stdout.read() == "", "the progress loop still holds the output open"
-
-
-# image_fanout_script: one docker save, teed to every worker's docker load (run with stand-ins
+# image_fanout.sh: one docker save, teed to every worker's docker load (run with stand-ins
 # for docker and ssh: the workers' loads write what they received, their inspect reports an ID
 # only for a complete image)
 
@@ -930,30 +885,26 @@ IMAGE_ID = "sha256:" + "ab" * 32
 
 
 def fanout(tmp_path, workers, broken=()):
-    bin_dir, seen = tmp_path / "bin", tmp_path / "seen"
-    bin_dir.mkdir()
+    seen = tmp_path / "seen"
     seen.mkdir()
     payload = tmp_path / "image.tar"
     payload.write_bytes(os.urandom(3 << 20))  # more than a pipe buffer: the stream must flow to all
-    (bin_dir / "docker").write_text(
-        f"#!/bin/sh\n[ \"$1\" = save ] || exit 2\necho save >> {seen}/saves\ncat {payload}\n"
+    env = stubs(
+        tmp_path,
+        docker=f"[ \"$1\" = save ] || exit 2\necho save >> {seen}/saves\ncat {payload}\n",
+        ssh=(
+            "while [ \"$1\" = -o ]; do shift 2; done\n"
+            "ip=$1; shift\n"
+            f"case \" {' '.join(broken)} \" in *\" $ip \"*) exit 255;; esac\n"
+            "case \"$*\" in\n"
+            f"  *'docker load'*) cat > {seen}/$ip;;\n"
+            f"  *'image inspect'*) cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
+            "  *) exit 2;;\n"
+            "esac\n"
+        ),
     )
-    (bin_dir / "ssh").write_text(
-        "#!/bin/sh\n"
-        "while [ \"$1\" = -o ]; do shift 2; done\n"
-        "ip=$1; shift\n"
-        f"case \" {' '.join(broken)} \" in *\" $ip \"*) exit 255;; esac\n"
-        "case \"$*\" in\n"
-        f"  *'docker load'*) cat > {seen}/$ip;;\n"
-        f"  *'image inspect'*) cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
-        "  *) exit 2;;\n"
-        "esac\n"
-    )
-    for stub in bin_dir.iterdir():
-        stub.chmod(0o755)
-    script = transfer.image_fanout_script("vllm-node:26.03", IMAGE_ID, workers)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    command = transfer.image_fanout_command("vllm-node:26.03", IMAGE_ID, workers).get_raw_value()
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
     return proc, seen, payload
 
 
