@@ -26,20 +26,10 @@ from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
+from . import scripts
+
 LOCK = "/run/sparkinfra/converge.lock"
 HOLDER = "/run/sparkinfra/converge.holder"
-
-SCRIPT = f"""
-mkdir -p -m 700 /run/sparkinfra
-exec 9>>{LOCK}
-if ! flock -n 9; then echo BUSY; head -n1 {HOLDER} 2>/dev/null || echo; exit 1; fi
-if [ -s {HOLDER} ]; then echo STALE; head -n1 {HOLDER}; else echo FREE; echo; fi
-printf '%s\\n' "$1" > {HOLDER}
-echo HELD
-read -r line
-[ "$line" = release ] && rm -f {HOLDER}
-exit 0
-"""
 
 
 class ConvergeLocked(PyinfraError):
@@ -70,7 +60,7 @@ def _open(host, holder: str):
     if client is None:
         raise PyinfraError(f"{host.name}: the converge lock needs an SSH connection (connector {type(host.connector).__name__})")
     channel = client.get_transport().open_session()
-    command = f"sh -c {shlex.quote(SCRIPT)} sparkinfra-lock {shlex.quote(holder)}"
+    command = shlex.join(["sh", "-c", scripts.text("converge_lock.sh"), "converge_lock.sh", LOCK, HOLDER, holder])
     user = host.data.get("ssh_user") or "root"
     if host.data.get("_sudo") and user != "root":
         command = f"sudo -n {command}"
