@@ -91,7 +91,7 @@ def _files(here: Here, lane: Lane) -> None:
     unit = file_content(
         name=f"Unit {serving.unit_name(name)} runs this node's rank of lane {name}",
         path=f"/etc/systemd/system/{serving.unit_name(name)}",
-        content=render("etc/systemd/system/sparkinfra-lane.service.j2", **mine.unit),
+        content=render("etc/systemd/system/sparkinfra-lane.service.j2", **mine.unit_values()),
     )
     systemd.daemon_reload(
         name="systemd has read the lane's unit",
@@ -103,14 +103,14 @@ def _files(here: Here, lane: Lane) -> None:
             lane=name,
             image=lane.image or config.image,
             request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
-            docker_options=mine.plan["docker_options"],
+            docker_options=list(mine.docker_options),
         )
 
 
 @deploy("Lane serving")
 def serving_from_head(here: Here, lane: Lane) -> None:
     """On the head: the lane enabled at boot, every rank started (workers first), ready, warm."""
-    digest = serving.plan_of(lane, here.cluster, host.name).plan["digest"]
+    digest = serving.plan_of(lane, here.cluster, host.name).digest
     name = lane.name
     service_enabled(  # starting is lane_running's: once, all ranks, workers first
         name=f"Lane {name} starts with the head at boot",

@@ -6,6 +6,7 @@ whole. Decided here; ``deploys/lane.py`` places it, ``scripts/lane_ctl.py`` runs
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -69,13 +70,82 @@ def _secret_tag(value: str) -> str:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """What one node runs for a lane."""
+    """
+    What one node runs for a lane: every value its unit (``unit_values``) and its runner
+    (``runner_plan``, read by ``scripts/lane_ctl.py``) use, decided here and nowhere else.
+    """
 
     node: Node
+    lane: str
     rank: int
+    nodes: int  # the lane's node count
+    head_ip: str  # the head's fabric address
+    container: str
+    image: str
+    docker_options: tuple[str, ...]  # ``docker run`` options: network, env files, mounts, the lane's
+    command: tuple[str, ...]  # after the image: the lane's command (behind the API key's wrapper on the head)
     env: dict[str, str]  # the rank's env file (root-only: may hold secrets)
-    plan: dict  # the rank's JSON plan, read by lane_ctl
-    unit: dict  # the unit template's values
+    api_port: int
+    served_model_name: str
+    api_key_file: str  # the head's secret env file, when it serves with a key
+    api_key_tag: str  # stands for the key in the digest
+    workers: tuple[tuple[str, int], ...]  # the head's: (fabric IP, rank) of each worker
+    warmup: tuple[dict, ...]  # the head's: one request per workload shape
+    liveness_interval: int  # seconds between the head's one-token completions
+    liveness_timeout: int = 60
+    watch_interval: int = 5  # seconds between the head's checks of its workers
+    watch_grace: int = 20  # seconds a worker may take to come up before the watch counts it
+    start_timeout: int = 600  # systemd's TimeoutStartSec
+    stop_seconds: int = 30  # docker stop's grace
+    stop_timeout: int = 120  # systemd's TimeoutStopSec
+    digest: str = ""  # one hash of every rank's plan: any change restarts the lane
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    def runner_plan(self) -> dict:
+        """The JSON plan ``lane_ctl.py`` runs (``/etc/sparkinfra/lanes/<lane>.json``)."""
+        plan = {
+            "lane": self.lane,
+            "rank": self.rank,
+            "container": self.container,
+            "image": self.image,
+            "docker_options": list(self.docker_options),
+            "command": list(self.command),
+            "api_port": self.api_port,
+            "served_model_name": self.served_model_name,
+            "api_key_file": self.api_key_file,
+            "api_key_tag": self.api_key_tag,
+            "workers": [{"ip": ip, "rank": rank} for ip, rank in self.workers],
+            "warmup": list(self.warmup),
+            "watch_interval": self.watch_interval,
+            "stop_seconds": self.stop_seconds,
+            "watch_grace": self.watch_grace,
+            "liveness_interval": self.liveness_interval,
+            "liveness_timeout": self.liveness_timeout,
+        }
+        return {**plan, "digest": self.digest} if self.digest else plan
+
+    def unit_values(self) -> dict:
+        """The values of ``templates/etc/systemd/system/sparkinfra-lane.service.j2``."""
+        return {
+            "lane": self.lane,
+            "rank": self.rank,
+            "nodes": self.nodes,
+            "head": self.is_head,
+            "role": "serves the API" if self.is_head else f"headless, joins {self.head_ip}",
+            "role_note": (
+                "Rank 0 starts the workers first, watches them and its API, and restarts the whole lane."
+                if self.is_head else "Started and stopped by rank 0's unit; restarts only with the whole lane."
+            ),
+            "container": self.container,
+            "ctl": f"/usr/bin/python3 {LANE_CTL}",
+            "restart": "always" if self.is_head else "no",
+            "start_timeout": self.start_timeout,
+            "stop_seconds": self.stop_seconds,
+            "stop_timeout": self.stop_timeout,
+        }
 
 
 def _env(lane: lanes.Lane, cluster: Cluster, node: Node, launch: lanes.Launch) -> dict[str, str]:
@@ -109,58 +179,34 @@ def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[
 
 
 def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
-    """Every rank's plan, env and unit values; all plans carry the lane's digest."""
+    """Every rank's plan; all carry the lane's digest."""
     config = cluster.config
-    gmu = config.gpu_memory_utilization
-    head = cluster.head
-    api_port = lane.api_port or config.api_port
     draft = []
     for node in cluster.nodes:
-        launch = lanes.launch(lane, cluster, node.rank, gmu=gmu)
+        launch = lanes.launch(lane, cluster, node.rank, gmu=config.gpu_memory_utilization)
         is_head = node.rank == 0
         with_key = is_head and bool(config.api_key_env)  # the key's mount, the command's wrapper, lane_ctl's file
-        plan = {
-            "lane": lane.name,
-            "rank": node.rank,
-            "container": config.container_name,
-            "image": lane.image or config.image,
-            "docker_options": _docker_options(lane, cluster, with_key),
-            "command": container_command(launch.command, api_key=with_key),
-            "api_port": api_port,
-            "served_model_name": lane.served_model_name or lane.model,
-            "api_key_file": secret_env_path(lane.name) if with_key else "",
-            "api_key_tag": _secret_tag(api_key(config)) if is_head else "",
-            "workers": [{"ip": str(w.fabric_ip), "rank": w.rank} for w in cluster.workers] if is_head else [],
-            "warmup": [w.model_dump(exclude_none=True) for w in lane.warmup] if is_head else [],
-            "watch_interval": 5,
-            "stop_seconds": 30,
-            "watch_grace": 20,
-            "liveness_interval": config.lane_liveness_interval,
-            "liveness_timeout": 60,
-        }
-        unit = {
-            "lane": lane.name,
-            "rank": node.rank,
-            "nodes": len(cluster.nodes),
-            "head": is_head,
-            "role": "serves the API" if is_head else f"headless, joins {head.fabric_ip}",
-            "role_note": (
-                "Rank 0 starts the workers first, watches them and its API, and restarts the whole lane."
-                if is_head else "Started and stopped by rank 0's unit; restarts only with the whole lane."
-            ),
-            "container": config.container_name,
-            "ctl": f"/usr/bin/python3 {LANE_CTL}",
-            "restart": "always" if is_head else "no",
-            "start_timeout": 600,
-            "stop_seconds": 30,
-            "stop_timeout": 120,
-        }
-        draft.append(RankPlan(node=node, rank=node.rank, env=_env(lane, cluster, node, launch), plan=plan, unit=unit))
+        draft.append(RankPlan(
+            node=node,
+            lane=lane.name,
+            rank=node.rank,
+            nodes=len(cluster.nodes),
+            head_ip=str(cluster.head.fabric_ip),
+            container=config.container_name,
+            image=lane.image or config.image,
+            docker_options=tuple(_docker_options(lane, cluster, with_key)),
+            command=tuple(container_command(launch.command, api_key=with_key)),
+            env=_env(lane, cluster, node, launch),
+            api_port=lane.api_port or config.api_port,
+            served_model_name=lane.served_model_name or lane.model,
+            api_key_file=secret_env_path(lane.name) if with_key else "",
+            api_key_tag=_secret_tag(api_key(config)) if is_head else "",
+            workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
+            warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
+            liveness_interval=config.lane_liveness_interval,
+        ))
     digest = lane_digest(draft)
-    return [
-        RankPlan(node=p.node, rank=p.rank, env=p.env, plan={**p.plan, "digest": digest}, unit=p.unit)
-        for p in draft
-    ]
+    return [dataclasses.replace(p, digest=digest) for p in draft]
 
 
 def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:
@@ -174,9 +220,9 @@ def lane_digest(plans: list[RankPlan]) -> str:
     for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes()):
         digest.update(hashlib.sha256(part).digest())
     for p in plans:
-        digest.update(json.dumps([p.plan, p.env, p.unit], sort_keys=True).encode())
+        digest.update(json.dumps([p.runner_plan(), p.env, p.unit_values()], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
 def plan_json(plan: RankPlan) -> str:
-    return json.dumps(plan.plan, indent=2, sort_keys=True) + "\n"
+    return json.dumps(plan.runner_plan(), indent=2, sort_keys=True) + "\n"

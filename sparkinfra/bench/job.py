@@ -170,7 +170,7 @@ def job_for(host, cluster) -> Job:
     if not config.lane:
         raise BenchRefused(f"cluster {cluster.name} serves no lane (settings: lane)")
     lane = lanes.find_lane(config.lane)
-    digest = serving.rank_plans(lane, cluster)[0].plan["digest"]
+    digest = serving.rank_plans(lane, cluster)[0].digest
     status = host.get_fact(LaneStatus, lane=lane.name) or {}
     if status.get("unit") != "active" or status.get("started") != digest or status.get("api") != "ok":
         found = (f"unit {status.get('unit', 'not installed')}, plan {status.get('started') or 'none'} "

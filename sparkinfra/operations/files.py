@@ -29,7 +29,7 @@ from pyinfra.operations.util.files import chmod, chown, generate_color_diff
 from ..facts.files import FileState
 from ..facts.reading import gathered
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 
 def render(template: str, **values) -> str:
