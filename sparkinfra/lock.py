@@ -16,7 +16,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import shlex
 import socket
 import sys
 import time
@@ -60,7 +59,7 @@ def _open(host, holder: str):
     if client is None:
         raise PyinfraError(f"{host.name}: the converge lock needs an SSH connection (connector {type(host.connector).__name__})")
     channel = client.get_transport().open_session()
-    command = shlex.join(["sh", "-c", scripts.text("converge_lock.sh"), "converge_lock.sh", LOCK, HOLDER, holder])
+    command = scripts.command("converge_lock.sh", LOCK, HOLDER, holder).get_raw_value()
     user = host.data.get("ssh_user") or "root"
     if host.data.get("_sudo") and user != "root":
         command = f"sudo -n {command}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 
 from . import scripts
 from .settings import Cluster
@@ -61,7 +61,7 @@ def head_transfer_command(repo: str, workers: list[str], bind_ip: str, port: int
     + workers: the fabric IP of each worker whose copy differs
     """
     pull = pull_command(repo, f"rsync://{bind_ip}:{int(port)}/stage/", streams, deep)
-    return script_command("stage_head.sh", repo, bind_ip, str(int(port)), pull, *workers)
+    return scripts.command("stage_head.sh", repo, bind_ip, str(int(port)), pull, *workers, shell="bash")
 
 
 def image_fanout_command(image: str, head_id: str, workers: list[tuple[str, str]]) -> StringCommand:
@@ -71,12 +71,7 @@ def image_fanout_command(image: str, head_id: str, workers: list[tuple[str, str]
 
     + workers: ``(name, fabric IP)`` of each worker whose ID differs
     """
-    return script_command("image_fanout.sh", image, head_id, *(f"{name}={ip}" for name, ip in workers))
-
-
-def script_command(name: str, *args: str) -> StringCommand:
-    """``bash -c <scripts/name> name ARGS...``: a node script run with its arguments, nothing installed."""
-    return StringCommand("bash", "-c", QuoteString(scripts.text(name)), name, *(QuoteString(a) for a in args))
+    return scripts.command("image_fanout.sh", image, head_id, *(f"{name}={ip}" for name, ip in workers), shell="bash")
 
 
 def _b64(text: str) -> str:

@@ -29,11 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Kind = Literal["ok", "too_high", "too_low", "other_failure", "incomplete"]
-
-
 _NUM = r"-?\d+(?:\.\d+)?(?:e-?\d+)?"
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -49,8 +45,6 @@ _CPU_FREE = re.compile(
     rf"Available memory on node (?P<node>\d+) \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup "
     rf"is less than desired CPU memory utilization \((?P<gmu>{_NUM}), (?P<requested>{_NUM}) GiB\)"
 )
-
-
 _CPU_KV_ALLOC = re.compile(
     rf"Available memory on node (?P<node>\d+) \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on kv cache "
     rf"allocation is less than requested memory for kv \((?P<requested>{_NUM})(?:/(?P<budget>{_NUM}))? GiB\)"
@@ -70,8 +64,6 @@ _V0_TOO_LOW = re.compile(
     r"The model's max seq len \((?P<max_len>\d+)\) is larger than the maximum number of tokens that "
     r"can be stored in KV cache \((?P<tokens>\d+)\)"
 )
-
-
 _NO_CACHE_MEMORY = re.compile(
     r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory"
 )
@@ -82,19 +74,11 @@ _KV_SIZE = re.compile(r"\b(?P<pool>[A-Z]+(?: \+ host)?) KV cache size: (?P<token
 
 
 _CONCURRENCY = re.compile(rf"Maximum concurrency for (?P<max_len>[\d,]+) tokens per request: (?P<x>{_NUM})x")
-
-
 _AVAILABLE_KV = re.compile(rf"Available KV cache memory: (?P<gib>{_NUM}) GiB")
-
-
 _CPU_KV_SET = re.compile(
     rf"(?:Explicitly|Auto) set \((?P<gib>{_NUM})/(?P<total>{_NUM})\) GiB for KV cache on node \d+"
 )
-
-
 _AUTO_FIT = re.compile(r"Auto-fit max_model_len: reduced from (?P<old>\d+) to (?P<new>\d+)")
-
-
 _STARTED = re.compile(r"Application startup complete")
 
 
@@ -105,8 +89,6 @@ _VERSION = re.compile(
 
 
 _GMU_ARG = re.compile(rf"'gpu_memory_utilization': (?P<gmu>{_NUM})|--gpu-memory-utilization[= ](?P<gmu2>{_NUM})")
-
-
 _MAX_SEQ = re.compile(r"\bmax_seq_len=(?P<n>\d+)")
 
 

@@ -156,16 +156,21 @@ def _figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
-def plot_decode_vs_depth(rows: list[Row], title: str = ""):
-    """Figure: decode tok/s (all users) against context depth, one line per concurrency (and shape)."""
+def _decode_figure(rows: list[Row], title: str, xlabel: str, ylabel: str):
+    """(the rows with a decode rate, their (pp, tg) shapes, figure, axes); None without such rows."""
     std = [r for r in rows if r.phase == "std" and r.tg_tps is not None]
     if not std:
         return None
-    fig, ax = _figure(
-        "Decode throughput vs context depth" + (f" — {title}" if title else ""),
-        "context depth (tokens)", "decode tok/s (all users)",
-    )
-    shapes = sorted({(r.pp, r.tg) for r in std})
+    return (std, sorted({(r.pp, r.tg) for r in std}), *_figure(title, xlabel, ylabel))
+
+
+def plot_decode_vs_depth(rows: list[Row], title: str = ""):
+    """Figure: decode tok/s (all users) against context depth, one line per concurrency (and shape)."""
+    plot = _decode_figure(rows, "Decode throughput vs context depth" + (f" — {title}" if title else ""),
+                          "context depth (tokens)", "decode tok/s (all users)")
+    if plot is None:
+        return None
+    std, shapes, fig, ax = plot
     for pp, tg in shapes:
         for c in sorted({r.concurrency for r in std if (r.pp, r.tg) == (pp, tg)}):
             sel = sorted((r for r in std if (r.pp, r.tg, r.concurrency) == (pp, tg, c)), key=lambda r: r.depth)
@@ -180,14 +185,11 @@ def plot_decode_vs_depth(rows: list[Row], title: str = ""):
 
 def plot_users(rows: list[Row], title: str = ""):
     """Figure: aggregate and per-user decode tok/s against concurrent users, at each shape's lowest depth."""
-    std = [r for r in rows if r.phase == "std" and r.tg_tps is not None]
-    if not std:
+    plot = _decode_figure(rows, "Decode throughput vs concurrent users" + (f" — {title}" if title else ""),
+                          "concurrent users", "decode tok/s")
+    if plot is None:
         return None
-    fig, ax = _figure(
-        "Decode throughput vs concurrent users" + (f" — {title}" if title else ""),
-        "concurrent users", "decode tok/s",
-    )
-    shapes = sorted({(r.pp, r.tg) for r in std})
+    std, shapes, fig, ax = plot
     for pp, tg in shapes:
         depth = min(r.depth for r in std if (r.pp, r.tg) == (pp, tg))
         sel = sorted((r for r in std if (r.pp, r.tg, r.depth) == (pp, tg, depth)), key=lambda r: r.concurrency)

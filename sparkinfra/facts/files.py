@@ -7,6 +7,8 @@ from __future__ import annotations
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from .. import scripts
+
 
 class FileState(FactBase):
     """
@@ -26,12 +28,7 @@ class FileState(FactBase):
 
     @override
     def command(self, path: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(
-            'p=$1; if [ -L "$p" ] || { [ -e "$p" ] && [ ! -f "$p" ]; }; then echo other; '
-            'elif [ -f "$p" ]; then stat -c "file %a %U %G" -- "$p" && sha1sum -- "$p"; '
-            'else echo absent; fi; '
-            'if [ -d "$(dirname -- "$p")" ]; then echo parent; else echo no-parent; fi'
-        ), "-", QuoteString(path))
+        return scripts.command("file_state.sh", path)
 
     @override
     def process(self, output):

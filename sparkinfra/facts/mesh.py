@@ -4,8 +4,10 @@ A user's authorized SSH keys, read with one command.
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from typing_extensions import override
+
+from .. import scripts
 
 
 class AuthorizedKeys(FactBase):
@@ -26,15 +28,7 @@ class AuthorizedKeys(FactBase):
 
     @override
     def command(self, user: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(
-            'h=$(getent passwd "$1" | cut -d: -f6); [ -n "$h" ] || exit 0; echo "$h"; '
-            'for p in "$h/.ssh" "$h/.ssh/authorized_keys"; do '
-            'if [ -L "$p" ]; then echo other; '
-            'elif [ -d "$p" ]; then stat -c "directory %U %G %a" -- "$p"; '
-            'elif [ -f "$p" ]; then stat -c "file %U %G %a" -- "$p"; '
-            'elif [ -e "$p" ]; then echo other; else echo absent; fi; done; '
-            'cat -- "$h/.ssh/authorized_keys" 2>/dev/null || true'
-        ), "-", QuoteString(user))
+        return scripts.command("authorized_keys.sh", user)
 
     @override
     def process(self, output):

@@ -16,11 +16,7 @@ from pyinfra.api import FactBase, StringCommand
 from typing_extensions import override
 
 _gathered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {key: AsyncResult}
-
-
 _ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> {host name: {read: (cls, kwargs)}}
-
-
 _ALONE = object()  # a read the batch could not answer: read it in a command of its own
 
 

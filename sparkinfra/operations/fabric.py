@@ -20,8 +20,6 @@ from .files import file_content, render
 from .units import service_enabled
 
 FABRIC_NETPLAN = "/etc/netplan/60-sparkinfra-fabric.yaml"  # where netplan is installed (DGX OS)
-
-
 FABRIC_UNIT = "sparkinfra-fabric.service"  # elsewhere
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pyinfra.api import QuoteString, StringCommand
+
 DIR = Path(__file__).resolve().parent
 
 
@@ -22,3 +24,9 @@ def path(name: str) -> Path:
 def text(name: str) -> str:
     """The text of the script ``name``."""
     return path(name).read_text(encoding="utf-8")
+
+
+def command(name: str, *args: str, shell: str = "sh") -> StringCommand:
+    """``<shell> -c <text of name> name ARGS...``: the script run on a node with its arguments,
+    nothing installed there first."""
+    return StringCommand(shell, "-c", QuoteString(text(name)), name, *(QuoteString(str(a)) for a in args))
