@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from gevent.lock import Semaphore
 from pyinfra import host
 from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
@@ -54,12 +55,16 @@ class Here:
 
 @dataclass
 class _Run:
-    settings: Settings
+    settings: Settings | None = None
+    error: BaseException | None = None
     preflight_done: bool = False
 
 
 # The one record of runs already started, by construction: the key is the run's own state.
 _runs: weakref.WeakKeyDictionary[State, _Run] = weakref.WeakKeyDictionary()
+# pyinfra loads a deploy for every host at once, in greenlets: the first to start does the
+# run-level work while the others wait for it (it waits on the network: SSH, the lock).
+_starting = Semaphore()
 
 
 def start(preflight_first: bool = False) -> Here:
@@ -70,15 +75,24 @@ def start(preflight_first: bool = False) -> Here:
     + preflight_first: check every node once (``preflight.run``) before any operation
     """
     state = unproxied(ctx_state.get())
-    record = _runs.get(state)
-    if record is None:
-        settings = _settings_of_run(state)
-        ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-        lock.hold(state, state.inventory, settings, dry=bool(cli_params().get("dry")))  # one converge at a time
-        record = _runs[state] = _Run(settings)
-    if preflight_first and not record.preflight_done:
-        record.preflight_done = True
-        preflight.run(state, record.settings)
+    with _starting:
+        record = _runs.setdefault(state, _Run())
+        if record.error is None and record.settings is None:
+            try:
+                settings = _settings_of_run(state)
+                ssh.prompt_replies(state)  # no delayed-ACK wait on each command
+                lock.hold(state, state.inventory, settings, dry=bool(cli_params().get("dry")))  # one at a time
+                record.settings = settings
+            except BaseException as exc:
+                record.error = exc
+        if record.error is None and preflight_first and not record.preflight_done:
+            record.preflight_done = True
+            try:
+                preflight.run(state, record.settings)
+            except BaseException as exc:
+                record.error = exc
+    if record.error is not None:
+        raise record.error
     cluster = record.settings.cluster_of(host.name)
     return Here(record.settings, cluster, cluster.node(host.name))
 

@@ -24,6 +24,10 @@ STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (its MARKS; lost at reboot)
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
+# vLLM's own cache (torch.compile artifacts, model-class inspections) outlives each container: a
+# restart reuses it instead of compiling again (minutes on a GB10) or inspecting again (a process).
+VLLM_CACHE = "/var/cache/sparkinfra/vllm"
+CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
 CONTAINER_API_KEY = "/run/sparkinfra/api.env"  # the head's secret env file, mounted read-only
 # Exports VLLM_API_KEY from the mounted file, literally (shell builtins, no quoting rules), then runs
 # the lane's command: the key is in the engine's environment, not in the container's configuration
@@ -96,7 +100,7 @@ class RankPlan:
     watch_interval: int = 5  # seconds between the head's checks of its workers
     watch_grace: int = 20  # seconds a worker may take to come up before the watch counts it
     start_timeout: int = 600  # systemd's TimeoutStartSec
-    stop_seconds: int = 30  # docker stop's grace
+    stop_seconds: int = 30  # docker stop's grace (rank 0: in-flight requests end)
     stop_timeout: int = 120  # systemd's TimeoutStopSec
     digest: str = ""  # one hash of every rank's plan: any change restarts the lane
 
@@ -174,6 +178,7 @@ def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[
         *secret,
         "-v", f"{config.nccl_library}:{config.nccl_library}:ro",
         "-v", f"{config.model_dir}:{CONTAINER_HF}:ro",
+        "-v", f"{VLLM_CACHE}:{CONTAINER_VLLM_CACHE}",
         *lanes.container_options(lane),
     ]
 
@@ -204,6 +209,10 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
             liveness_interval=config.lane_liveness_interval,
+            # A headless rank has no request to finish, and once rank 0 is gone vLLM's executor
+            # waits 5 s for its worker process, then TERMs it, then KILLs it (about 11 s in all):
+            # docker stops it at that first grace instead.
+            stop_seconds=30 if is_head else 5,
         ))
     digest = lane_digest(draft)
     return [dataclasses.replace(p, digest=digest) for p in draft]

@@ -35,9 +35,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PLANS = Path("/etc/sparkinfra/lanes")
@@ -60,6 +62,12 @@ def sh(*args: str, check: bool = False, timeout: float | None = 60) -> subproces
 def on_worker(ip: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """Run a command as root on a worker over the head's fabric SSH mesh."""
     return sh("ssh", "-o", "ConnectTimeout=5", ip, "sudo", "-n", *args, timeout=timeout)
+
+
+def on_workers(workers: list[dict], *args: str, timeout: float = 30) -> list[subprocess.CompletedProcess]:
+    """``on_worker`` on every worker at once (8 nodes stop and start as fast as 2), in their order."""
+    with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
+        return list(pool.map(lambda w: on_worker(w["ip"], *args, timeout=timeout), workers))
 
 
 def unit_state(unit: str) -> str:
@@ -151,21 +159,24 @@ def cmd_pre(lane: str) -> int:
     p = plan(lane)
     stop_other_lanes(lane, p)
     # All ranks start fresh together, the workers first: a lane never recovers rank by rank.
-    for worker in p["workers"]:
-        say(f"(re)starting rank {worker['rank']} on {worker['ip']}")
-        result = on_worker(worker["ip"], "systemctl", "restart", UNIT.format(lane), timeout=300)
-        if result.returncode != 0:
-            say(f"rank {worker['rank']} on {worker['ip']} did not start: {result.stderr.strip()}")
-            return 1
-    return 0
+    say("(re)starting " + ", ".join(f"rank {w['rank']} on {w['ip']}" for w in p["workers"]))
+    failed = [(w, r) for w, r in zip(p["workers"], on_workers(p["workers"], "systemctl", "restart", UNIT.format(lane),
+                                                              timeout=300)) if r.returncode != 0]
+    for worker, result in failed:
+        say(f"rank {worker['rank']} on {worker['ip']} did not start: {result.stderr.strip()}")
+    return 1 if failed else 0
+
+
+def stop_workers(lane: str, p: dict) -> None:
+    """Stop every worker's unit of the lane, all at once."""
+    for worker, result in zip(p["workers"], on_workers(p["workers"], "systemctl", "stop", UNIT.format(lane),
+                                                        timeout=300)):
+        say(f"stopped rank {worker['rank']} on {worker['ip']}"
+            + ("" if result.returncode == 0 else f": {result.stderr.strip()}"))
 
 
 def cmd_post(lane: str) -> int:
-    p = plan(lane)
-    for worker in p["workers"]:
-        result = on_worker(worker["ip"], "systemctl", "stop", UNIT.format(lane), timeout=300)
-        say(f"stopped rank {worker['rank']} on {worker['ip']}"
-            + ("" if result.returncode == 0 else f": {result.stderr.strip()}"))
+    stop_workers(lane, plan(lane))
     return 0
 
 
@@ -219,8 +230,12 @@ def cmd_run(lane: str) -> int:
                 break
     if reason:
         say(f"{reason}: restarting the lane on every node")
+    # The workers stop while rank 0 does (each engine's shutdown takes seconds); post finds them stopped.
+    workers = threading.Thread(target=stop_workers, args=(lane, p))
+    workers.start()
     sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
     child.wait()
+    workers.join()
     return 0 if stopping and not reason else 1
 
 
