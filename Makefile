@@ -26,9 +26,14 @@ demo: setup
 	$(BED) run $(VENV)/bin/pytest tests/verify --inventory inventory/sim.py -q -p no:cacheprovider
 	@echo "bed is up: '$(BED) status', '$(BED) run ssh -F /var/lib/sparkinfra-bed/controller/ssh_config spark-1', 'make bed-down'"
 
-# Unit tests, then the end-to-end layer on a fresh bed (up and down inside the run).
+# Unit tests, then the end-to-end layer on a fresh bed (up and down inside the run). What the bed
+# caches (Debian base, image rootfs, tiny model) is built meanwhile, beside the unit tests.
 test: setup
-	$(VENV)/bin/pytest -p no:cacheprovider tests/unit tests/e2e
+	@$(BED) build > .bed-build.log 2>&1 & build=$$!; \
+	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests/unit; unit=$$?; \
+	if ! wait $$build; then cat .bed-build.log; exit 1; fi; \
+	$(VENV)/bin/pytest -p no:cacheprovider --durations=25 tests/e2e; e2e=$$?; \
+	[ $$unit = 0 ] && [ $$e2e = 0 ]
 
 unit: setup
 	$(VENV)/bin/pytest -p no:cacheprovider tests/unit

@@ -730,6 +730,14 @@ def _start_supervisor(node: SimNode) -> int:
 # ---------
 
 
+def build() -> None:
+    """What the bed caches under ``CACHE`` (the Debian base, the image's rootfs, the tiny model):
+    built once, reused by ``up``. Separate, so it can run beside other work (``make test``)."""
+    build_base()
+    build_image_rootfs()
+    build_tiny_model()
+
+
 def up(count: int = 2) -> dict:
     """Bring up ``count`` nodes (clearing whatever an earlier, killed run left) and wait for them."""
     if count < 2:

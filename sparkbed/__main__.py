@@ -1,5 +1,5 @@
 """
-``python -m sparkbed up|down|reboot|status|shell`` -- the simulated cluster.
+``python -m sparkbed build|up|down|reboot|status|exec|run`` -- the simulated cluster.
 
 Run as root. ``up`` clears whatever an earlier (killed) run left, then starts N nodes.
 """
@@ -16,6 +16,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="bring up N simulated nodes")
     p_up.add_argument("--nodes", type=int, default=2)
+    sub.add_parser("build", help="build what the bed caches (base, image rootfs, tiny model), once")
     sub.add_parser("down", help="stop every node and remove all bed state")
     p_reboot = sub.add_parser("reboot", help="reboot a node (systemctl reboot inside it)")
     p_reboot.add_argument("node")
@@ -31,7 +32,9 @@ def main(argv=None) -> int:
 
     if os.geteuid() != 0:
         parser.error("the bed needs root (namespaces, mounts, nspawn)")
-    if args.command == "up":
+    if args.command == "build":
+        bed.build()
+    elif args.command == "up":
         bed.up(args.nodes)
     elif args.command == "down":
         bed.down()

@@ -21,7 +21,7 @@ SLACK = 2 << 20  # protocol overhead a transfer may add
 
 @pytest.fixture(scope="module")
 def staged(bed):
-    bed.fresh(2)
+    bed.ensure(2)  # as the prepare module left it, or bare when run alone
     simbed.make_snapshot(
         simbed.node_dir("spark-1") / "root/var/lib/sparkinfra/hf", REPO, REV,
         large=3, large_bytes=SHARD, small=60, small_bytes=8192, seed=7,

@@ -22,7 +22,7 @@ UNIT = "sparkinfra-lane-{}.service"
 
 @pytest.fixture(scope="module")
 def serving(bed):
-    bed.fresh(2)
+    bed.ensure(2)  # as the stage module left it (prepared, the image staged), or bare when run alone
     started = time.monotonic()
     first = bed.converge(INV, "deploys/serve.py")
     return bed, first, time.monotonic() - started
@@ -144,22 +144,16 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
     assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
 
 
-def test_stopped_head_unit_is_restarted_with_its_worker(serving):
+def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(serving):
+    """Stopping the head's unit takes the worker down; containers left with the lane's name (a
+    stopped placeholder on the worker, a stray one running on the head) are replaced."""
     bed, _, _ = serving
     bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     assert _active(bed, "spark-2", "sim") != "active", "stopping the head must take the worker down"
-    run = bed.converge(INV, "deploys/serve.py")
-    assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
-    _assert_serving(bed)
-    _verify_ok(bed)
-
-
-def test_stale_container_with_the_lanes_name_is_replaced(serving):
-    bed, _, _ = serving
-    bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     bed.node("spark-2", f"docker create --name {CONTAINER} sparkbed/stage:1 true >/dev/null")
     bed.node("spark-1", f"docker run -d --name {CONTAINER} --entrypoint sleep sparkbed/stage:1 600 >/dev/null")
-    bed.converge(INV, "deploys/serve.py")
+    run = bed.converge(INV, "deploys/serve.py")
+    assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
     _assert_serving(bed)
     _verify_ok(bed)
 
@@ -170,24 +164,26 @@ def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
     for node in ("spark-1", "spark-2"):
         assert _active(bed, node, "sim") == "inactive", f"{node}: lane sim still runs"
         assert _active(bed, node, "sim-b") == "active", f"{node}: lane sim-b does not run"
+    assert run.changed["spark-1"]
     assert _chat(bed, model="tiny-b")["usage"]["completion_tokens"] > 0
     result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")
     assert result.returncode == 0, result.output[-4000:]
-    back = bed.converge(INV, "deploys/serve.py")
-    for node in ("spark-1", "spark-2"):
-        assert _active(bed, node, "sim-b") == "inactive"
-    assert run.changed["spark-1"] and back.changed["spark-1"]
-    _assert_serving(bed)
 
 
-def test_other_lane_started_by_hand_is_stopped(serving):
+def test_other_lane_started_by_hand_stops_this_one_and_converge_disables_it(serving):
+    """sim-b serves (the previous test); lane sim started by hand stops it on every node (one lane at
+    a time), and the converge for sim leaves sim-b neither running nor starting at boot."""
     bed, _, _ = serving
-    bed.node("spark-1", f"systemctl start {UNIT.format('sim-b')}")
+    bed.node("spark-1", f"systemctl start {UNIT.format('sim')}")
     for node in ("spark-1", "spark-2"):
-        assert _active(bed, node, "sim") != "active", f"{node}: starting sim-b must stop sim"
-    bed.converge(INV, "deploys/serve.py")
+        assert _active(bed, node, "sim-b") != "active", f"{node}: starting sim must stop sim-b"
+    assert bed.node("spark-1", f"systemctl is-enabled {UNIT.format('sim-b')}", check=False).stdout.strip() == "enabled"
+    run = bed.converge(INV, "deploys/serve.py")
+    assert any("No lane but sim runs" in op for op in run.changed["spark-1"]), run.changed
     for node in ("spark-1", "spark-2"):
         assert _active(bed, node, "sim-b") == "inactive", f"{node}: sim-b still runs"
+        enabled = bed.node(node, f"systemctl is-enabled {UNIT.format('sim-b')}", check=False).stdout.strip()
+        assert enabled != "enabled", f"{node}: sim-b still starts at boot"
     _assert_serving(bed)
     _verify_ok(bed)
 
@@ -232,9 +228,9 @@ def _wait_for_holder(bed, pid, timeout=60):
     pytest.fail("the first converge never took the lock")
 
 
-def test_second_converge_stops_at_once_naming_the_holder(serving):
+def test_second_converge_stops_at_once_naming_the_holder_then_takes_over_when_it_dies(serving):
     bed, _, _ = serving
-    first = bed.converge_in_background(INV, "deploys/serve.py", "lane_liveness_interval=31")
+    first = bed.converge_in_background(INV, "deploys/serve.py", "lane_liveness_interval=31")  # a lane restart
     try:
         _wait_for_holder(bed, first.pid)
         started = time.monotonic()
@@ -245,32 +241,13 @@ def test_second_converge_stops_at_once_naming_the_holder(serving):
         assert re.search(r"another converge holds the lock on spark-1 .*pid %d .* since 20\d\d-" % first.pid, out), out[-2000:]
         assert seconds < 15, f"the second converge took {seconds:.0f}s to stop"
     finally:
-        assert first.wait(timeout=600) == 0
-    _assert_serving(bed)
-
-
-def test_lock_of_a_killed_converge_is_taken_over(serving):
-    bed, _, _ = serving
-    victim = bed.converge_in_background(INV, "deploys/serve.py")  # back to 30 s: a lane restart to interrupt
-    _wait_for_holder(bed, victim.pid)
-    victim.kill()
-    victim.wait()
-    run = bed.converge(INV, "deploys/serve.py")
+        first.kill()  # mid-run: its lock goes with its connection, its holder record stays
+        first.wait()
+    run = bed.converge(INV, "deploys/serve.py")  # back to 30 s
     assert "taking over the converge lock left by a run that did not finish: root@" in run.stderr, run.stderr[-2000:]
-    assert f"pid {victim.pid}" in run.stderr
+    assert f"pid {first.pid}" in run.stderr
     assert bed.node("spark-1", "test -e /run/sparkinfra/converge.holder", check=False).returncode != 0
     _assert_serving(bed)
-
-
-def test_teardown_then_converge_serves_again_moving_no_image_or_weights(serving):
-    bed, _, _ = serving
-    down = bed.converge(INV, "deploys/teardown.py")
-    assert down.changed["spark-1"] and down.changed["spark-2"]
-    for node in ("spark-1", "spark-2"):
-        assert _active(bed, node, "sim") == "inactive"
-        assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
-        assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
-    _teardown_again_then_serve(bed)
 
 
 def _teardown_again_then_serve(bed, *data):
@@ -328,6 +305,19 @@ def test_secrets_never_leak(serving):
     assert bed.node("spark-1", "ls /run/sparkinfra/ | grep -c hf_token || true").stdout.strip() == "0"
 
 
+def test_teardown_stops_every_lane_and_keeps_image_and_weights(serving):
+    bed, _, _ = serving
+    down = bed.converge(INV, "deploys/teardown.py")
+    assert down.changed["spark-1"] and down.changed["spark-2"]
+    for node in ("spark-1", "spark-2"):
+        assert _active(bed, node, "sim") == "inactive"
+        assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
+        assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
+    again = bed.converge(INV, "deploys/teardown.py")
+    assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
+    # deploys/serve.py after it moves neither image nor weights: after the full teardown below.
+
+
 FULL = ("teardown=full", "teardown_confirm=sim")  # group_data/sim.py: cluster = "sim"
 SNAPSHOT = "/var/lib/sparkinfra/hf/models--sparkbed--tiny-llama"
 FULLY_GONE = (  # what a full teardown removes from every node
@@ -350,6 +340,7 @@ KEPT = (  # what it leaves: weights (and their manifest), the NCCL pin, the lock
 
 
 def test_full_teardown_then_serve_moves_nothing(serving):
+    """After the lanes' teardown (the test before): the rest of what sparkinfra installed."""
     bed, _, _ = serving
     # Unconfirmed: refused while the inventory loads, before any host is touched; the lane still serves.
     before = _host_state(bed)
@@ -359,7 +350,6 @@ def test_full_teardown_then_serve_moves_nothing(serving):
     assert "key 'teardown_confirm'" in out and "confirm with teardown_confirm=sim" in out, out[-2000:]
     assert not refused.changed_hosts(), refused.changed
     assert _host_state(bed) == before, "an unconfirmed full teardown changed the hosts"
-    _assert_serving(bed)
 
     down = bed.converge(INV, "deploys/teardown.py", *FULL)
     assert down.changed["spark-1"] and down.changed["spark-2"]

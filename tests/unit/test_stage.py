@@ -14,6 +14,7 @@ import re
 import select
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -835,9 +836,14 @@ def head_run(tmp_path: Path, workers: list[str], failing: tuple = (), deep: bool
             f'case " {" ".join(failing)} " in *" $1 "*) exit 3;; esac\n'
         ),
     )
-    command = transfer.head_transfer_command(REPO_DIR, workers, "127.0.0.1", 1, 6, deep)
-    proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True, timeout=60)
-    return proc, seen
+    with socket.socket() as daemon:  # where the stand-in daemon would listen: the head waits for it
+        daemon.bind(("127.0.0.1", 0))
+        daemon.listen()
+        port = daemon.getsockname()[1]
+        command = transfer.head_transfer_command(REPO_DIR, workers, "127.0.0.1", port, 6, deep)
+        proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True,
+                              timeout=60)
+    return proc, seen, port
 
 
 def rsyncd_conf(text: str) -> dict:
@@ -855,15 +861,15 @@ def rsyncd_conf(text: str) -> dict:
 @pytest.mark.parametrize("deep", [False, True])
 def test_head_runs_a_read_only_daemon_for_the_workers_and_one_pull_each(tmp_path, deep):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    proc, seen = head_run(tmp_path, workers, deep=deep)
+    proc, seen, port = head_run(tmp_path, workers, deep=deep)
     assert proc.returncode == 0, proc.stderr
     conf = rsyncd_conf((seen / "rsyncd.conf").read_text())
-    assert conf[("", "address")] == "127.0.0.1" and conf[("", "port")] == "1"
+    assert conf[("", "address")] == "127.0.0.1" and conf[("", "port")] == str(port)
     assert conf[("stage", "path")] == "/var/lib/sparkinfra/hf"
     assert conf[("stage", "read only")] == "yes"
     assert conf[("stage", "hosts allow")].split() == workers
     assert conf[("stage", "hosts deny")] == "*"
-    expected = transfer.pull_command(REPO_DIR, "rsync://127.0.0.1:1/stage/", 6, deep)
+    expected = transfer.pull_command(REPO_DIR, f"rsync://127.0.0.1:{port}/stage/", 6, deep)
     for ip in workers:
         assert (seen / f"pull.{ip}").read_text() == expected  # the same command, once per worker
     assert not list(Path("/run").glob("sparkinfra-stage.*")), "the daemon's folder is left"
@@ -872,7 +878,7 @@ def test_head_runs_a_read_only_daemon_for_the_workers_and_one_pull_each(tmp_path
 @pytest.mark.skipif(os.geteuid() != 0, reason="the head's script runs as root (its folder is in /run)")
 def test_head_fails_when_a_worker_fails_after_every_worker_ran(tmp_path):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    proc, seen = head_run(tmp_path, workers, failing=("10.213.1.3",))
+    proc, seen, _ = head_run(tmp_path, workers, failing=("10.213.1.3",))
     assert proc.returncode == 1
     assert all((seen / f"pull.{ip}").exists() for ip in workers)
 
