@@ -8,6 +8,6 @@ node (rank 0 serves the API, the others run headless), no other lane running, re
 from sparkinfra import lane_steps, run
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
-lane = lane_steps.placed(here)  # every node: files, unit, no other lane; validated by vLLM on the head
-if lane and here.is_head:
-    lane_steps.serving_from_head(here, lane)  # every rank started (workers first), ready, warm
+plan = lane_steps.placed(here)  # every node: files, unit, no other lane; validated by vLLM on the head
+if plan and here.is_head:
+    lane_steps.serving_from_head(here, plan)  # every rank started (workers first), ready, warm

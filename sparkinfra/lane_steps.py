@@ -5,9 +5,9 @@ The steps of a lane on its cluster, shared by ``deploys/lane.py`` (placed, then 
 .. code:: python
 
     here = run.start()
-    lane = lane_steps.placed(here)      # every node: files, unit, no other lane; the head validates
-    if lane and here.is_head:
-        lane_steps.serving(here, lane)  # the head starts every rank, waits until ready, warms
+    plan = lane_steps.placed(here)                # every node: files, unit, no other lane; the head validates
+    if plan and here.is_head:
+        lane_steps.serving_from_head(here, plan)  # the head starts every rank, waits until ready, warms
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from .operations.units import service_enabled
 from .run import Here
 
 
-def placed(here: Here, start: bool = True) -> Lane | None:
+def placed(here: Here, start: bool = True) -> serving.RankPlan | None:
     """
     Place the cluster's lane on this node (runner, env files, plan, unit; validated by vLLM in the
-    image on the head) with no other lane running; the lane, or None when the cluster has none.
+    image on the head) with no other lane running; this node's plan, or None when the cluster has
+    no lane.
 
     + start: whether ``serving`` follows (its reads join this node's one read)
     """
@@ -47,17 +48,18 @@ def placed(here: Here, start: bool = True) -> Lane | None:
         name=f"No lane but {config.lane or '(none)'} runs on this node",
         lane=config.lane,
     )
-    if lane:
-        if here.is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
-            lanes.refuse_invalid(lane, cluster)
-        _files(here, lane)
-    return lane
+    if not lane:
+        return None
+    if here.is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
+        lanes.refuse_invalid(lane, cluster)
+    mine = serving.plan_of(lane, cluster, host.name)
+    _files(here, lane, mine)
+    return mine
 
 
 @deploy("Lane files")
-def _files(here: Here, lane: Lane) -> None:
+def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
     cluster, config = here.cluster, here.cluster.config
-    mine = serving.plan_of(lane, cluster, host.name)
     name = lane.name
     file_content(
         name=f"Lane runner is at {serving.LANE_CTL}",
@@ -108,10 +110,10 @@ def _files(here: Here, lane: Lane) -> None:
 
 
 @deploy("Lane serving")
-def serving_from_head(here: Here, lane: Lane) -> None:
-    """On the head: the lane enabled at boot, every rank started (workers first), ready, warm."""
-    digest = serving.plan_of(lane, here.cluster, host.name).digest
-    name = lane.name
+def serving_from_head(here: Here, plan: serving.RankPlan) -> None:
+    """On the head: the lane of ``plan`` (``placed``'s) enabled at boot, every rank started
+    (workers first), ready, warm."""
+    name, digest = plan.lane, plan.digest
     service_enabled(  # starting is lane_running's: once, all ranks, workers first
         name=f"Lane {name} starts with the head at boot",
         service=serving.unit_name(name),

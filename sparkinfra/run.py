@@ -111,12 +111,8 @@ def load_files(inventory_file: str, data: list[str] | tuple[str, ...] = (),
     ``group_data/`` and ``data`` (``key=value`` strings, as ``--data``), outside a pyinfra run.
     """
     from pyinfra_cli.inventory import make_inventory_from_files
-    from pyinfra_cli.util import parse_cli_arg
 
-    override = {}
-    for item in data:
-        key, _, value = item.partition("=")
-        override[key] = parse_cli_arg(value)
+    override = parse_data(data)
     cwd = cwd or str(Path.cwd())
     if not ctx_state.isset():
         ctx_state.set(State())  # pyinfra's loader executes files in a state's context
@@ -136,15 +132,21 @@ def cli_params() -> dict[str, Any]:
     return dict(ctx.params) if ctx is not None else {}
 
 
-def _cli_override_data() -> dict[str, Any]:
-    """``--data key=value`` of the running pyinfra command, parsed as pyinfra parses it."""
+def parse_data(items) -> dict[str, Any]:
+    """``key=value`` strings (``--data``), each value parsed as pyinfra's CLI parses it."""
     from pyinfra_cli.util import parse_cli_arg
 
-    params = cli_params()
     data = {}
-    for arg in params.get("data") or ():
-        key, _, value = arg.partition("=")
+    for item in items:
+        key, _, value = item.partition("=")
         data[key] = parse_cli_arg(value)
+    return data
+
+
+def _cli_override_data() -> dict[str, Any]:
+    """``--data key=value`` of the running pyinfra command, parsed as pyinfra parses it."""
+    params = cli_params()
+    data = parse_data(params.get("data") or ())
     if params.get("ssh_user"):
         data["ssh_user"] = params["ssh_user"]
     return data

@@ -24,9 +24,8 @@ from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
-from pyinfra_cli.util import parse_cli_arg
 
-from sparkinfra.run import checked_settings
+from sparkinfra.run import checked_settings, parse_data
 from sparkinfra.settings import (
     CLUSTER_KEYS,
     InventorySettingsError,
@@ -84,15 +83,6 @@ def write(root: Path, files: dict[str, str]) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-
-
-def parse_data(args: tuple[str, ...] | list[str]) -> dict:
-    """``--data key=value`` arguments, parsed the way pyinfra's CLI parses them."""
-    out = {}
-    for arg in args:
-        key, _, value = arg.partition("=")
-        out[key] = parse_cli_arg(value)
-    return out
 
 
 def load(root: Path, data: tuple[str, ...] = (), name: str = "lab") -> Settings:
