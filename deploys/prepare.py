@@ -6,10 +6,9 @@ over the fabric, no stale lane container.
     pyinfra inventory/pair.py deploys/prepare.py
 """
 
-from pyinfra import host, inventory
+from pyinfra import inventory
 
-from sparkinfra import reads, run
-from sparkinfra.facts.reading import read_ahead
+from sparkinfra import run
 from sparkinfra.operations.fabric import fabric_address, fabric_link, fabric_persisted
 from sparkinfra.operations.files import text_block
 from sparkinfra.operations.lane import stale_container_absent
@@ -36,7 +35,6 @@ node = here.node
 fabric = cluster.fabric
 config = cluster.config
 address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
-read_ahead(host, reads.prepare_reads(cluster, host.name))  # one command, not one per fact
 
 fabric_link(
     name=f"Fabric port {fabric.interface} is up with MTU {fabric.mtu}",

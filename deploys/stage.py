@@ -4,10 +4,9 @@ One image ID and one verified model snapshot on every node, moved head -> worker
     pyinfra inventory/pair.py deploys/stage.py            # --data stage_verify=deep: sha256 of every file
 """
 
-from pyinfra import host, inventory
+from pyinfra import inventory
 
-from sparkinfra import reads, run, transfer
-from sparkinfra.facts.reading import read_ahead
+from sparkinfra import run, transfer
 from sparkinfra.operations.stage import (
     image_on_workers,
     image_present,
@@ -22,7 +21,6 @@ cluster = here.cluster
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
 deep = config.stage_verify == "deep"
-read_ahead(host, reads.stage_reads(cluster, host.name))  # one command, not one per fact
 
 if here.is_head:
     image_present(

@@ -16,8 +16,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from . import lanes, reads, serving
-from .facts.reading import read_ahead
+from . import lanes, serving
 from .lanes import Lane
 from .operations.files import file_content, render, secret_env_file
 from .operations.lane import (
@@ -30,20 +29,14 @@ from .operations.units import service_enabled
 from .run import Here
 
 
-def placed(here: Here, start: bool = True) -> serving.RankPlan | None:
+def placed(here: Here) -> serving.RankPlan | None:
     """
     Place the cluster's lane on this node (runner, env files, plan, unit; validated by vLLM in the
     image on the head) with no other lane running; this node's plan, or None when the cluster has
     no lane.
-
-    + start: whether ``serving`` follows (its reads join this node's one read)
     """
     cluster, config = here.cluster, here.cluster.config
     lane = lanes.find_lane(config.lane) if config.lane else None
-    read_ahead(host, reads.lane_reads(  # one command, not one per fact
-        cluster, host.name, lane.name if lane else "", (lane and lane.image) or config.image,
-        start and here.is_head,
-    ))
     other_lanes_stopped(
         name=f"No lane but {config.lane or '(none)'} runs on this node",
         lane=config.lane,

@@ -87,12 +87,17 @@ class Bed:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
-    def commands(self, inventory: str, *args: str) -> Counter:
-        """The commands each host ran in one pyinfra run (``args``: deploys, then options), read
-        from pyinfra's debug log."""
+    def commands(self, inventory: str, *args: str) -> dict[str, Counter]:
+        """Each host's commands in one pyinfra run (``args``: deploys, then options), each with
+        how often it ran, read from pyinfra's debug log."""
         run = self.controller(str(BIN / "pyinfra"), "-y", "--debug", inventory, *args)
         assert run.returncode == 0, run.stderr[-3000:]
-        return Counter(re.findall(r"Running command on (\S+):", run.stdout + run.stderr))
+        ran: dict[str, Counter] = {}
+        for entry in re.split(r"\n(?=\s*\[[\w.]+\] )", run.stdout + "\n" + run.stderr):
+            found = re.match(r"\s*\[pyinfra\.connectors\.ssh\] Running command on (\S+): (.*)", entry, re.S)
+            if found:
+                ran.setdefault(found.group(1), Counter())[found.group(2)] += 1
+        return ran
 
     def converge(self, inventory: str, deploy: str, *data: str, check: bool = True) -> Converge:
         args = [str(BIN / "pyinfra"), "-y", "--json", inventory, deploy]

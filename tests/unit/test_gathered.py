@@ -7,26 +7,13 @@ once any operation has run a command on any host, and change detection never ser
 from __future__ import annotations
 
 import socket
-import subprocess
 from types import SimpleNamespace
 
 import gevent
-import pytest
-from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.state import StateStage
-from pyinfra.facts.files import FileContents
-from spark_cluster import load_cluster
 
-from sparkinfra import reads, ssh
-from sparkinfra.facts.files import FileState
-from sparkinfra.facts.reading import (
-    Together,
-    at_once,
-    gathered,
-    gathered_each,
-    read_ahead,
-    split_together,
-)
+from sparkinfra import ssh
+from sparkinfra.facts.reading import at_once, gathered, gathered_each
 from sparkinfra.facts.stage import DockerImageId, SnapshotManifest
 
 
@@ -153,131 +140,3 @@ def test_no_delay_leaves_proxied_and_unconnected_hosts_alone():
     with left, right:
         assert ssh.no_delay(_host_with(left)) is False
     assert ssh.no_delay(SimpleNamespace(connector=SimpleNamespace(client=None))) is False
-
-
-# read_ahead: the reads a deploy declares are made in one command, run here by a real shell
-
-
-class Shell(Node):
-    """A node whose ``Together`` command runs in this machine's ``sh``; any other fact is a
-    command of its own, answered with ``value``."""
-
-    def get_fact(self, cls, **kwargs):
-        if cls is not Together:
-            return super().get_fact(cls, **kwargs)
-        self.commands.append(("Together", [type(fact).__name__ for fact, _ in kwargs["reads"]]))
-        command = Together().command(**kwargs).get_raw_value()
-        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-        return Together().process(out.splitlines())
-
-
-class Echo(FactBase):
-    """Prints ``text`` as it is (no newline added)."""
-
-    def command(self, text: str):
-        return StringCommand("printf", "%s", QuoteString(text))
-
-    def process(self, output):
-        return output
-
-
-class Failing(FactBase):
-    def command(self):
-        return "echo half; exit 3"
-
-
-class NeedsTool(FactBase):
-    def requires_command(self, *args, **kwargs):
-        return "no-such-tool-here"
-
-    def command(self):
-        return "no-such-tool-here --version"
-
-
-def test_declared_reads_are_one_command_and_each_gets_its_own_output(tmp_path):
-    (tmp_path / "f").write_text("x\n")
-    node = Shell("spark-2", Run())
-    read_ahead(node, [(FileContents, {"path": str(tmp_path / "f")}), (FileContents, {"path": str(tmp_path / "no")}),
-                      (Echo, {"text": "a\nb"}), (Echo, {"text": "no newline at the end"}),
-                      (Echo, {"text": ""}), (FileState, {"path": str(tmp_path / "f")})])
-    assert gathered(node, Echo, text="no newline at the end") == ["no newline at the end"]
-    assert gathered(node, Echo, text="a\nb") == ["a", "b"]
-    assert gathered(node, Echo, text="") is None  # no output: the fact's default, as pyinfra gives
-    assert gathered(node, FileState, path=str(tmp_path / "f"))["kind"] == "file"
-    assert gathered(node, FileContents, path=str(tmp_path / "f")) == ["x"]
-    assert gathered(node, FileContents, path=str(tmp_path / "no")) is None  # read by the instance that ran it
-    assert node.commands == [("Together", ["FileContents", "FileContents", "Echo", "Echo", "Echo", "FileState"])]
-
-
-def test_a_read_the_batch_cannot_answer_is_read_alone():
-    node = Shell("spark-2", Run(), value="alone")
-    read_ahead(node, [(Failing, {}), (NeedsTool, {}), (Echo, {"text": "ok"})])
-    assert gathered(node, Echo, text="ok") == ["ok"]
-    assert gathered(node, Failing) == "alone"  # pyinfra's own read says what is wrong
-    assert gathered(node, NeedsTool) == "alone"
-    assert [c[0] for c in node.commands] == ["Together", "Failing", "NeedsTool"]
-
-
-def test_reads_after_a_change_or_not_declared_are_alone():
-    run = Run()
-    head, worker = Shell("spark-1", run), Shell("spark-2", run, value="alone")
-    read_ahead(worker, [(Echo, {"text": "a"}), (Echo, {"text": "b"})])
-    assert gathered(worker, Echo, text="other") == "alone"  # not declared: no batch
-    run.complete(head, commands=1)
-    assert gathered(worker, Echo, text="a") == "alone"  # something changed: read afresh, alone
-    assert [c[0] for c in worker.commands] == ["Echo", "Echo"]
-
-
-def test_hosts_waiting_for_a_declared_read_share_the_batch():
-    run = Run()
-    head = Shell("spark-1", run)
-    read_ahead(head, [(Echo, {"text": "manifest"}), (Echo, {"text": "image"})])
-    readers = [gevent.spawn(gathered, head, Echo, text="manifest") for _ in range(7)]
-    gevent.joinall(readers, raise_error=True)
-    assert [r.value for r in readers] == [["manifest"]] * 7
-    assert gathered(head, Echo, text="image") == ["image"]
-    assert [c[0] for c in head.commands] == ["Together"]
-
-
-def test_split_together_refuses_output_cut_short():
-    assert split_together([]) is None
-    assert split_together(["half a line"]) is None
-    nonce = "0123456789abcdef"
-    assert split_together([f"{nonce} 0 0", "x", f"y{nonce} 1 2"]) == [(0, []), (2, ["x", "y"])]
-
-
-
-def test_a_batch_that_fails_leaves_each_read_to_itself():
-    node = Shell("spark-2", Run(), value="alone")
-    original = node.get_fact
-
-    def broken(cls, **kwargs):
-        if cls is Together:
-            node.commands.append(("Together", "lost"))
-            raise ConnectionError("channel closed")
-        return original(cls, **kwargs)
-
-    node.get_fact = broken
-    read_ahead(node, [(Echo, {"text": "a"}), (Echo, {"text": "b"})])
-    readers = [gevent.spawn(gathered, node, Echo, text="b") for _ in range(3)]
-    assert gathered(node, Echo, text="a") == "alone"
-    gevent.joinall(readers, raise_error=True)
-    assert [r.value for r in readers] == ["alone"] * 3
-    assert [c[0] for c in node.commands] == ["Together", "Echo", "Echo"]  # b read once, shared
-
-
-# sparkinfra.reads: what each deploy declares builds one valid command on every node
-
-
-@pytest.mark.parametrize("deep", [False, True])
-def test_declared_reads_build_one_command_for_head_and_worker(tmp_path, deep):
-    cluster = load_cluster(tmp_path, {"model": "org/target", "stage_verify": "deep" if deep else "size"})
-    for node in cluster.nodes:
-        declared = (reads.prepare_reads(cluster, node.name) + reads.stage_reads(cluster, node.name)
-                    + reads.lane_reads(cluster, node.name, "tiny", "vllm-node:1", start=node == cluster.head))
-        command = Together().command(reads=tuple((cls(), kwargs) for cls, kwargs in declared)).get_raw_value()
-        assert command.count("echo ") >= len(declared), node.name
-        names = [cls.__name__ for cls, _ in declared]
-        assert ("AuthorizedKeys" in names) == (node != cluster.head), names
-        assert names.count("SnapshotManifest") == (0 if deep and node != cluster.head else 1), names
-        assert ("SystemdEnabled" in names) and names.count("FileDigest") == (node == cluster.head), names
