@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyinfra.api import QuoteString, StringCommand
+
 from . import lanes, scripts
 from .operations.nccl import NCCL_ENV_FILE
 from .settings import Cluster, Node
@@ -21,7 +23,8 @@ LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
 LANE_CTL_SOURCE = scripts.path("lane_ctl.py")
 PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
-MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (its MARKS; lost at reboot)
+MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
+LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
 # vLLM's own cache (torch.compile artifacts, model-class inspections) outlives each container: a
@@ -50,6 +53,18 @@ def plan_path(lane: str) -> str:
 
 def env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.env"
+
+
+def runner(lane: str, verb: str, *args: str) -> StringCommand:
+    """
+    The command that runs ``lane_ctl.py VERB PLAN ARGS…`` for ``lane`` on a node (the unit's
+    lines are the same, rendered from ``unit_values``).
+
+    .. code:: python
+
+        runner("sim", "wait-ready", "300")  # python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready /etc/sparkinfra/lanes/sim.json 300
+    """
+    return StringCommand("python3", LANE_CTL, verb, QuoteString(plan_path(lane)), *(QuoteString(a) for a in args))
 
 
 def validated_path(lane: str) -> str:
@@ -112,6 +127,10 @@ class RankPlan:
         """The JSON plan ``lane_ctl.py`` runs (``/etc/sparkinfra/lanes/<lane>.json``)."""
         plan = {
             "lane": self.lane,
+            "unit": unit_name(self.lane),
+            "lane_units": LANE_UNITS,
+            "env_file": env_path(self.lane),
+            "marks_dir": MARKS_DIR,
             "rank": self.rank,
             "container": self.container,
             "image": self.image,
@@ -145,6 +164,7 @@ class RankPlan:
             ),
             "container": self.container,
             "ctl": f"/usr/bin/python3 {LANE_CTL}",
+            "plan": plan_path(self.lane),
             "restart": "always" if self.is_head else "no",
             "start_timeout": self.start_timeout,
             "stop_seconds": self.stop_seconds,

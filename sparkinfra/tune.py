@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
 
 from . import gmu, lanes, serving, vllm_log
@@ -81,10 +81,7 @@ def job_for(host, cluster) -> TuneJob:
 def trial(host, job: TuneJob, value: float, number: int, log) -> vllm_log.Outcome:
     """One start at ``value`` on every rank; its log is kept in the job's folder."""
     text_value = job.knob.format(value)
-    command = StringCommand(
-        "python3", serving.LANE_CTL, "trial", QuoteString(job.lane), QuoteString(job.trial_knob),
-        text_value, str(job.timeout),
-    )
+    command = serving.runner(job.lane, "trial", job.trial_knob, text_value, str(job.timeout))
     ok, output = host.run_shell_command(command, _sudo=True, _timeout=job.timeout + 600)
     text = output.output
     (job.folder / f"start-{number}-{text_value}.log").write_text(text + "\n")
@@ -119,7 +116,7 @@ def run_from_deploy(state, host, job: TuneJob) -> bool:
         if job.restore:
             log(f"lane {job.lane} serves again with its settings")
             unit = serving.unit_name(job.lane)
-            wait = StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(job.lane), str(job.timeout))
+            wait = serving.runner(job.lane, "wait-ready", str(job.timeout))
             host.run_shell_command(StringCommand("systemctl", "restart", unit, "&&", wait), _sudo=True,
                                    _timeout=job.timeout + 120)
     text = gmu.suggestion_text(result, job.cluster, job.lane)

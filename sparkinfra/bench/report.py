@@ -156,52 +156,53 @@ def _figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
-def _decode_figure(rows: list[Row], title: str, xlabel: str, ylabel: str):
-    """(the rows with a decode rate, their (pp, tg) shapes, figure, axes); None without such rows."""
+def _decode_plot(rows: list[Row], title: str, xlabel: str, ylabel: str, x, tick_label, draw, legend_title=None):
+    """
+    A figure of decode rates (the sweep's rows that have one) against ``x(row)``, each (pp, tg)
+    shape drawn by ``draw(ax, shape_rows, suffix)`` (``suffix`` names the shape when there are
+    several); None without such rows.
+    """
     std = [r for r in rows if r.phase == "std" and r.tg_tps is not None]
     if not std:
         return None
-    return (std, sorted({(r.pp, r.tg) for r in std}), *_figure(title, xlabel, ylabel))
+    fig, ax = _figure(title, xlabel, ylabel)
+    shapes = sorted({(r.pp, r.tg) for r in std})
+    for pp, tg in shapes:
+        draw(ax, [r for r in std if (r.pp, r.tg) == (pp, tg)], f"pp{pp}/tg{tg}" if len(shapes) > 1 else "")
+    ticks = sorted({x(r) for r in std})
+    ax.set_xticks(ticks, labels=[tick_label(t) for t in ticks])
+    ax.set_ylim(bottom=0)
+    ax.legend(title=legend_title)
+    return fig
 
 
 def plot_decode_vs_depth(rows: list[Row], title: str = ""):
     """Figure: decode tok/s (all users) against context depth, one line per concurrency (and shape)."""
-    plot = _decode_figure(rows, "Decode throughput vs context depth" + (f" — {title}" if title else ""),
-                          "context depth (tokens)", "decode tok/s (all users)")
-    if plot is None:
-        return None
-    std, shapes, fig, ax = plot
-    for pp, tg in shapes:
-        for c in sorted({r.concurrency for r in std if (r.pp, r.tg) == (pp, tg)}):
-            sel = sorted((r for r in std if (r.pp, r.tg, r.concurrency) == (pp, tg, c)), key=lambda r: r.depth)
-            label = f"{c} user{'s' if c > 1 else ''}" + (f", pp{pp}/tg{tg}" if len(shapes) > 1 else "")
+
+    def draw(ax, shape: list[Row], suffix: str) -> None:
+        for c in sorted({r.concurrency for r in shape}):
+            sel = sorted((r for r in shape if r.concurrency == c), key=lambda r: r.depth)
+            label = f"{c} user{'s' if c > 1 else ''}" + (f", {suffix}" if suffix else "")
             ax.plot([r.depth for r in sel], [r.tg_tps for r in sel], marker="o", label=label)
-    depths = sorted({r.depth for r in std})
-    ax.set_xticks(depths, labels=[_depth(d) for d in depths])
-    ax.set_ylim(bottom=0)
-    ax.legend(title="concurrency")
-    return fig
+
+    return _decode_plot(rows, "Decode throughput vs context depth" + (f" — {title}" if title else ""),
+                        "context depth (tokens)", "decode tok/s (all users)",
+                        lambda r: r.depth, _depth, draw, legend_title="concurrency")
 
 
 def plot_users(rows: list[Row], title: str = ""):
     """Figure: aggregate and per-user decode tok/s against concurrent users, at each shape's lowest depth."""
-    plot = _decode_figure(rows, "Decode throughput vs concurrent users" + (f" — {title}" if title else ""),
-                          "concurrent users", "decode tok/s")
-    if plot is None:
-        return None
-    std, shapes, fig, ax = plot
-    for pp, tg in shapes:
-        depth = min(r.depth for r in std if (r.pp, r.tg) == (pp, tg))
-        sel = sorted((r for r in std if (r.pp, r.tg, r.depth) == (pp, tg, depth)), key=lambda r: r.concurrency)
-        suffix = f" (pp{pp}/tg{tg}, depth {_depth(depth)})"
+
+    def draw(ax, shape: list[Row], _suffix: str) -> None:
+        pp, tg, depth = shape[0].pp, shape[0].tg, min(r.depth for r in shape)
+        sel = sorted((r for r in shape if r.depth == depth), key=lambda r: r.concurrency)
+        named = f" (pp{pp}/tg{tg}, depth {_depth(depth)})"
         users = [r.concurrency for r in sel]
-        ax.plot(users, [r.tg_tps for r in sel], marker="o", label="aggregate" + suffix)
-        per_user = [r.tg_req_tps or r.tg_tps for r in sel]
-        ax.plot(users, per_user, marker="s", linestyle="--", label="per user" + suffix)
-    ax.set_xticks(sorted({r.concurrency for r in std}))
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    return fig
+        ax.plot(users, [r.tg_tps for r in sel], marker="o", label="aggregate" + named)
+        ax.plot(users, [r.tg_req_tps or r.tg_tps for r in sel], marker="s", linestyle="--", label="per user" + named)
+
+    return _decode_plot(rows, "Decode throughput vs concurrent users" + (f" — {title}" if title else ""),
+                        "concurrent users", "decode tok/s", lambda r: r.concurrency, str, draw)
 
 
 def write_results(

@@ -9,7 +9,7 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from ..serving import LANE_CTL
+from ..serving import LANE_CTL, runner
 
 
 class DockerContainer(FactBase):
@@ -93,7 +93,7 @@ class LaneStatus(FactBase):
 
         local = [] if probe else ["--local"]
         return StringCommand(
-            "test", "-f", LANE_CTL, "&&", "python3", LANE_CTL, "status", QuoteString(lane), *local, "||", "echo", "'{}'"
+            "test", "-f", LANE_CTL, "&&", runner(lane, "status", *local), "||", "echo", "'{}'"
         )
 
     @override

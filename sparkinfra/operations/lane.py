@@ -162,7 +162,7 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     """
     status = host.get_fact(LaneStatus, lane=lane) or {}
     unit = serving.unit_name(lane)
-    wait = StringCommand("python3", serving.LANE_CTL, "wait-ready", QuoteString(lane), str(ready_timeout))
+    wait = serving.runner(lane, "wait-ready", str(ready_timeout))
     age = status.get("age")
     starting = (
         status.get("unit") in ("active", "activating") and status.get("started") == digest
@@ -208,4 +208,4 @@ def lane_warm(lane: str, digest: str):
     if status.get("warm") == digest and status.get("started") == digest:
         host.noop(f"lane {lane} is warm")
         return
-    yield StringCommand("python3", serving.LANE_CTL, "warmup", QuoteString(lane))
+    yield serving.runner(lane, "warmup")

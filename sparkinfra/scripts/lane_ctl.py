@@ -5,26 +5,28 @@ Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, ru
 Over 400 lines: it is uploaded as one file and runs with the node's own python3 (stdlib only), so
 its parts (start order, watch, liveness, trials, status) cannot be modules of their own.
 
-    lane_ctl.py pre LANE          head, ExecStartPre: stop other lanes here and on the workers,
+    lane_ctl.py pre PLAN          head, ExecStartPre: stop other lanes here and on the workers,
                                   then restart this lane's workers (all ranks start fresh, workers first)
-    lane_ctl.py run LANE          ExecStart: the rank's container; on the head also the lane's watch:
+    lane_ctl.py run PLAN          ExecStart: the rank's container; on the head also the lane's watch:
                                   a worker unit that is not active, or an API that stops answering a
                                   one-token completion, stops the head (its unit restarts the lane)
-    lane_ctl.py post LANE         head, ExecStopPost: stop the workers (a dead head takes the lane down)
-    lane_ctl.py status LANE       JSON: units, container, started digest, workers, API
-                                  (--local: this node only, no workers, no API request)
-    lane_ctl.py wait-ready LANE   port open -> /health 200 -> a completion returns tokens
-    lane_ctl.py warmup LANE       one throwaway request per workload shape, then mark the lane warm
-    lane_ctl.py trial LANE KNOB VALUE TIMEOUT
+    lane_ctl.py post PLAN         head, ExecStopPost: stop the workers (a dead head takes the lane down)
+    lane_ctl.py status PLAN       JSON: units, container, started digest, workers, API; {} when the
+                                  lane is not placed (--local: this node only, no workers, no API request)
+    lane_ctl.py wait-ready PLAN   port open -> /health 200 -> a completion returns tokens
+    lane_ctl.py warmup PLAN       one throwaway request per workload shape, then mark the lane warm
+    lane_ctl.py trial PLAN KNOB VALUE TIMEOUT
                                   head: one start of the lane with KNOB (an env variable, or a --flag
                                   of the command) set to VALUE on every rank, in trial containers, the
                                   lane's units stopped; until rank 0 serves, a rank exits, or TIMEOUT
                                   seconds; prints every rank's log, then removes the trial containers
-    lane_ctl.py trial-rank LANE KNOB VALUE
+    lane_ctl.py trial-rank PLAN KNOB VALUE
                                   this rank's trial container, detached (the head runs it on workers)
 
-The rank's plan is ``/etc/sparkinfra/lanes/LANE.json`` (written by the deploy). Runtime marks live in
-``/run/sparkinfra/lanes/`` (lost at reboot, as the lane is).
+PLAN is the rank's plan, ``/etc/sparkinfra/lanes/LANE.json`` (written by the deploy, the same path on
+every node): it names everything this runner touches (``sparkinfra.serving.RankPlan.runner_plan``):
+the lane's unit and the pattern of every lane's units, its env file, the folder of its runtime marks
+(``/run/sparkinfra/lanes/``: lost at reboot, as the lane is).
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-PLANS = Path("/etc/sparkinfra/lanes")
-MARKS = Path("/run/sparkinfra/lanes")
-UNIT = "sparkinfra-lane-{}.service"
+
+def plan(path: str) -> dict:
+    return json.loads(Path(path).read_text())
 
 
-def plan(lane: str) -> dict:
-    return json.loads((PLANS / f"{lane}.json").read_text())
+def mark(p: dict, name: str) -> Path:
+    """This lane's runtime mark ``name`` (started, warm, trial.env)."""
+    return Path(p["marks_dir"]) / f"{p['lane']}.{name}"
 
 
 def say(message: str) -> None:
@@ -74,11 +77,11 @@ def unit_state(unit: str) -> str:
     return sh("systemctl", "is-active", unit).stdout.strip() or "unknown"
 
 
-def other_lane_units(lane: str) -> list[str]:
+def other_lane_units(p: dict) -> list[str]:
     listed = sh("systemctl", "list-units", "--plain", "--no-legend", "--state=active,activating,reloading",
-                "sparkinfra-lane-*.service").stdout
+                p["lane_units"]).stdout
     units = [line.split()[0] for line in listed.splitlines() if line.strip()]
-    return [u for u in units if u != UNIT.format(lane)]
+    return [u for u in units if u != p["unit"]]
 
 
 # API
@@ -139,44 +142,44 @@ def completion(p: dict, max_tokens: int = 1, timeout: float = 60, **extra) -> tu
 # ----------
 
 
-def stop_other_lanes(lane: str, p: dict) -> None:
+def stop_other_lanes(p: dict) -> None:
     """Stop every other lane's units, here and on the workers."""
-    others = other_lane_units(lane)
+    others = other_lane_units(p)
     if others:
         say(f"stopping other lanes here: {' '.join(others)}")
         sh("systemctl", "stop", *others, timeout=300)
     for worker in p["workers"]:
         listed = on_worker(worker["ip"], "systemctl", "list-units", "--plain", "--no-legend",
-                           "--state=active,activating", "sparkinfra-lane-*.service").stdout
+                           "--state=active,activating", p["lane_units"]).stdout
         stale = [line.split()[0] for line in listed.splitlines() if line.strip()
-                 and line.split()[0] != UNIT.format(lane)]
+                 and line.split()[0] != p["unit"]]
         if stale:
             say(f"stopping other lanes on {worker['ip']}: {' '.join(stale)}")
             on_worker(worker["ip"], "systemctl", "stop", *stale, timeout=300)
 
 
-def cmd_pre(lane: str) -> int:
-    p = plan(lane)
-    stop_other_lanes(lane, p)
+def cmd_pre(path: str) -> int:
+    p = plan(path)
+    stop_other_lanes(p)
     # All ranks start fresh together, the workers first: a lane never recovers rank by rank.
     say("(re)starting " + ", ".join(f"rank {w['rank']} on {w['ip']}" for w in p["workers"]))
-    failed = [(w, r) for w, r in zip(p["workers"], on_workers(p["workers"], "systemctl", "restart", UNIT.format(lane),
+    failed = [(w, r) for w, r in zip(p["workers"], on_workers(p["workers"], "systemctl", "restart", p["unit"],
                                                               timeout=300)) if r.returncode != 0]
     for worker, result in failed:
         say(f"rank {worker['rank']} on {worker['ip']} did not start: {result.stderr.strip()}")
     return 1 if failed else 0
 
 
-def stop_workers(lane: str, p: dict) -> None:
+def stop_workers(p: dict) -> None:
     """Stop every worker's unit of the lane, all at once."""
-    for worker, result in zip(p["workers"], on_workers(p["workers"], "systemctl", "stop", UNIT.format(lane),
+    for worker, result in zip(p["workers"], on_workers(p["workers"], "systemctl", "stop", p["unit"],
                                                         timeout=300)):
         say(f"stopped rank {worker['rank']} on {worker['ip']}"
             + ("" if result.returncode == 0 else f": {result.stderr.strip()}"))
 
 
-def cmd_post(lane: str) -> int:
-    stop_workers(lane, plan(lane))
+def cmd_post(path: str) -> int:
+    stop_workers(plan(path))
     return 0
 
 
@@ -184,11 +187,11 @@ def docker_run(p: dict) -> list[str]:
     return ["docker", "run", "--rm", "--name", p["container"], *p["docker_options"], p["image"], *p["command"]]
 
 
-def cmd_run(lane: str) -> int:
-    p = plan(lane)
-    MARKS.mkdir(parents=True, exist_ok=True)
-    (MARKS / f"{lane}.started").write_text(json.dumps({"digest": p["digest"], "at": time.time()}))
-    (MARKS / f"{lane}.warm").unlink(missing_ok=True)
+def cmd_run(path: str) -> int:
+    p = plan(path)
+    Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
+    mark(p, "started").write_text(json.dumps({"digest": p["digest"], "at": time.time()}))
+    mark(p, "warm").unlink(missing_ok=True)
     if not p["workers"] and p["rank"] > 0:
         os.execvp("docker", docker_run(p))  # a worker rank: the container is the unit
     child = subprocess.Popen(docker_run(p))
@@ -212,14 +215,14 @@ def cmd_run(lane: str) -> int:
             pass
         if time.monotonic() - started < p["watch_grace"]:
             continue
-        down = [w for w in p["workers"] if unit_state_remote(w["ip"], lane) != "active"]
+        down = [w for w in p["workers"] if unit_state_remote(w["ip"], p) != "active"]
         if down:
             reason = "rank " + ", ".join(f"{w['rank']} on {w['ip']}" for w in down) + " is not running"
             break
         if not ready:
             ready = request(p, "/health", timeout=5)[0] == 200
             if ready:
-                warm(lane, p)  # after any (re)start, also one nobody asked for: JIT costs stay out of use
+                warm(p)  # after any (re)start, also one nobody asked for: JIT costs stay out of use
             continue
         if time.monotonic() - last_live >= p["liveness_interval"]:
             ok, detail = completion(p, timeout=p["liveness_timeout"])
@@ -231,7 +234,7 @@ def cmd_run(lane: str) -> int:
     if reason:
         say(f"{reason}: restarting the lane on every node")
     # The workers stop while rank 0 does (each engine's shutdown takes seconds); post finds them stopped.
-    workers = threading.Thread(target=stop_workers, args=(lane, p))
+    workers = threading.Thread(target=stop_workers, args=(p,))
     workers.start()
     sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
     child.wait()
@@ -239,8 +242,8 @@ def cmd_run(lane: str) -> int:
     return 0 if stopping and not reason else 1
 
 
-def unit_state_remote(ip: str, lane: str) -> str:
-    result = on_worker(ip, "systemctl", "is-active", UNIT.format(lane), timeout=20)
+def unit_state_remote(ip: str, p: dict) -> str:
+    result = on_worker(ip, "systemctl", "is-active", p["unit"], timeout=20)
     return result.stdout.strip() or "unreachable"
 
 
@@ -248,28 +251,29 @@ def unit_state_remote(ip: str, lane: str) -> str:
 # -------------------
 
 
-def cmd_status(lane: str, probe: bool = True) -> int:
-    """Print the lane's state here; ``probe``: on the head, also ask the workers and the API."""
-    status = {"lane": lane, "unit": unit_state(UNIT.format(lane)), "planned": None, "started": None,
-              "warm": None, "container": None, "workers": {}, "api": None, "others": other_lane_units(lane)}
-    path = PLANS / f"{lane}.json"
-    if path.exists():
-        p = plan(lane)
-        status["planned"] = p["digest"]
-        inspect = sh("docker", "inspect", "-f", "{{.State.Running}} {{.Image}}", p["container"])
-        status["container"] = inspect.stdout.strip() or None
-        marks = {name: MARKS / f"{lane}.{name}" for name in ("started", "warm")}
-        marks = {name: json.loads(path.read_text()) for name, path in marks.items() if path.exists()}
-        status["started"] = marks.get("started", {}).get("digest")
-        status["warm"] = marks.get("warm", {}).get("digest")
-        status["age"] = round(time.time() - marks["started"]["at"]) if "started" in marks else None
-        if p["rank"] == 0 and probe:
-            status["workers"] = {w["ip"]: unit_state_remote(w["ip"], lane) for w in p["workers"]}
-            if status["unit"] == "active" and port_open(p):
-                ok, detail = completion(p, timeout=30)
-                status["api"] = "ok" if ok else detail
-            else:
-                status["api"] = "down"
+def cmd_status(path: str, probe: bool = True) -> int:
+    """Print the lane's state here ({} when its plan is not placed); ``probe``: on the head, also
+    ask the workers and the API."""
+    if not Path(path).exists():
+        print("{}")
+        return 0
+    p = plan(path)
+    status = {"lane": p["lane"], "unit": unit_state(p["unit"]), "planned": p["digest"], "started": None,
+              "warm": None, "container": None, "workers": {}, "api": None, "others": other_lane_units(p)}
+    inspect = sh("docker", "inspect", "-f", "{{.State.Running}} {{.Image}}", p["container"])
+    status["container"] = inspect.stdout.strip() or None
+    marks = {name: mark(p, name) for name in ("started", "warm")}
+    marks = {name: json.loads(found.read_text()) for name, found in marks.items() if found.exists()}
+    status["started"] = marks.get("started", {}).get("digest")
+    status["warm"] = marks.get("warm", {}).get("digest")
+    status["age"] = round(time.time() - marks["started"]["at"]) if "started" in marks else None
+    if p["rank"] == 0 and probe:
+        status["workers"] = {w["ip"]: unit_state_remote(w["ip"], p) for w in p["workers"]}
+        if status["unit"] == "active" and port_open(p):
+            ok, detail = completion(p, timeout=30)
+            status["api"] = "ok" if ok else detail
+        else:
+            status["api"] = "down"
     print(json.dumps(status, sort_keys=True))
     return 0
 
@@ -279,9 +283,9 @@ def restarts(unit: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def cmd_wait_ready(lane: str, timeout: float) -> int:
-    p = plan(lane)
-    unit = UNIT.format(lane)
+def cmd_wait_ready(path: str, timeout: float) -> int:
+    p = plan(path)
+    lane, unit = p["lane"], p["unit"]
     started, baseline = time.monotonic(), None
     stage, last_note = "port", 0.0
     while True:
@@ -312,11 +316,11 @@ def cmd_wait_ready(lane: str, timeout: float) -> int:
         time.sleep(2)
 
 
-def cmd_warmup(lane: str) -> int:
-    return 0 if warm(lane, plan(lane)) else 1
+def cmd_warmup(path: str) -> int:
+    return 0 if warm(plan(path)) else 1
 
 
-def warm(lane: str, p: dict) -> bool:
+def warm(p: dict) -> bool:
     """One throwaway request per workload shape; marks the lane warm for the plan it started with."""
     for shape in p["warmup"]:
         extra = {k: shape[k] for k in ("chat_template_kwargs", "response_format") if shape.get(k)}
@@ -327,8 +331,8 @@ def warm(lane: str, p: dict) -> bool:
         print(f"warm-up {shape['name']}: {detail} in {time.monotonic() - began:.1f}s", flush=True)
         if not ok:
             return False
-    started = json.loads((MARKS / f"{lane}.started").read_text())
-    (MARKS / f"{lane}.warm").write_text(json.dumps(started))
+    started = json.loads(mark(p, "started").read_text())
+    mark(p, "warm").write_text(json.dumps(started))
     return True
 
 
@@ -344,7 +348,7 @@ def trial_name(p: dict) -> str:
     return f"{p['container']}-trial"
 
 
-def trial_plan(lane: str, p: dict, knob: str, value: str) -> dict:
+def trial_plan(p: dict, knob: str, value: str) -> dict:
     """
     This rank's plan with ``knob`` set to ``value``: a ``--flag`` of the command (replaced, or
     appended), or an environment variable (in a root-only copy of the lane's env file).
@@ -362,19 +366,19 @@ def trial_plan(lane: str, p: dict, knob: str, value: str) -> dict:
         else:
             cmd += [knob, value]
         return q
-    source = PLANS / f"{lane}.env"
-    lines = [line for line in source.read_text().splitlines() if not line.startswith(f"{knob}=")]
-    MARKS.mkdir(parents=True, exist_ok=True)
-    env_file = MARKS / f"{lane}.trial.env"
+    source = p["env_file"]
+    lines = [line for line in Path(source).read_text().splitlines() if not line.startswith(f"{knob}=")]
+    Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
+    env_file = mark(p, "trial.env")
     env_file.touch(mode=0o600)
     env_file.write_text("\n".join([*lines, f"{knob}={value}"]) + "\n")
     opts = q["docker_options"]
-    opts[opts.index(str(source))] = str(env_file)
+    opts[opts.index(source)] = str(env_file)
     return q
 
 
-def cmd_trial_rank(lane: str, knob: str, value: str) -> int:
-    q = trial_plan(lane, plan(lane), knob, value)
+def cmd_trial_rank(path: str, knob: str, value: str) -> int:
+    q = trial_plan(plan(path), knob, value)
     sh("docker", "rm", "-f", q["container"])
     started = sh("docker", "run", "-d", "--name", q["container"], *q["docker_options"], q["image"], *q["command"])
     if started.returncode != 0:
@@ -388,23 +392,23 @@ def running(container: str, ip: str | None = None) -> bool:
     return out.stdout.strip() == "true"
 
 
-def cmd_trial(lane: str, knob: str, value: str, timeout: float) -> int:
+def cmd_trial(path: str, knob: str, value: str, timeout: float) -> int:
     """One start with the knob at ``value``; prints each rank's log under a ``=== rank N`` line."""
-    p = plan(lane)
+    p = plan(path)
     name = trial_name(p)
-    sh("systemctl", "stop", UNIT.format(lane), timeout=300)  # its ExecStopPost stops the workers
-    stop_other_lanes(lane, p)
+    sh("systemctl", "stop", p["unit"], timeout=300)  # its ExecStopPost stops the workers
+    stop_other_lanes(p)
     for worker in p["workers"]:
-        on_worker(worker["ip"], "systemctl", "stop", UNIT.format(lane), timeout=300)
+        on_worker(worker["ip"], "systemctl", "stop", p["unit"], timeout=300)
     began, verdict = time.monotonic(), "timeout"
     try:
         for worker in p["workers"]:
-            out = on_worker(worker["ip"], "python3", str(Path(__file__).resolve()), "trial-rank", lane, knob, value,
+            out = on_worker(worker["ip"], "python3", str(Path(__file__).resolve()), "trial-rank", path, knob, value,
                             timeout=120)
             if out.returncode != 0:
                 say(f"rank {worker['rank']} on {worker['ip']}: {out.stderr.strip()}")
                 return 1
-        if cmd_trial_rank(lane, knob, value) != 0:
+        if cmd_trial_rank(path, knob, value) != 0:
             return 1
         while time.monotonic() - began < timeout:
             time.sleep(2)
@@ -434,31 +438,31 @@ def cmd_trial(lane: str, knob: str, value: str, timeout: float) -> int:
         sh("docker", "rm", "-f", name, timeout=120)
         for worker in p["workers"]:
             on_worker(worker["ip"], "docker", "rm", "-f", name, timeout=120)
-            on_worker(worker["ip"], "rm", "-f", str(MARKS / f"{lane}.trial.env"))
-        (MARKS / f"{lane}.trial.env").unlink(missing_ok=True)
+            on_worker(worker["ip"], "rm", "-f", str(mark(p, "trial.env")))
+        mark(p, "trial.env").unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    command, lane = argv[0], argv[1]
+    command, path = argv[0], argv[1]
     if command == "pre":
-        return cmd_pre(lane)
+        return cmd_pre(path)
     if command == "run":
-        return cmd_run(lane)
+        return cmd_run(path)
     if command == "post":
-        return cmd_post(lane)
+        return cmd_post(path)
     if command == "status":
-        return cmd_status(lane, probe="--local" not in argv[2:])
+        return cmd_status(path, probe="--local" not in argv[2:])
     if command == "wait-ready":
-        return cmd_wait_ready(lane, float(argv[2]) if len(argv) > 2 else 1800)
+        return cmd_wait_ready(path, float(argv[2]) if len(argv) > 2 else 1800)
     if command == "warmup":
-        return cmd_warmup(lane)
+        return cmd_warmup(path)
     if command == "trial" and len(argv) == 5:
-        return cmd_trial(lane, argv[2], argv[3], float(argv[4]))
+        return cmd_trial(path, argv[2], argv[3], float(argv[4]))
     if command == "trial-rank" and len(argv) == 4:
-        return cmd_trial_rank(lane, argv[2], argv[3])
+        return cmd_trial_rank(path, argv[2], argv[3])
     print(__doc__, file=sys.stderr)
     return 2
 

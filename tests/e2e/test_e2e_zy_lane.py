@@ -61,7 +61,7 @@ def _assert_serving(bed, lane="sim"):
 
 
 def _status(bed, lane="sim"):
-    out = bed.node("spark-1", f"python3 /usr/local/lib/sparkinfra/lane_ctl.py status {lane}")
+    out = bed.node("spark-1", f"python3 /usr/local/lib/sparkinfra/lane_ctl.py status /etc/sparkinfra/lanes/{lane}.json")
     return json.loads(out.stdout)
 
 

@@ -12,30 +12,32 @@ from sparkinfra import serving
 
 
 @pytest.fixture
-def ctl(tmp_path, monkeypatch):
+def ctl(tmp_path):
     spec = importlib.util.spec_from_file_location("lane_ctl", serving.LANE_CTL_SOURCE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "PLANS", tmp_path / "plans")
-    monkeypatch.setattr(module, "MARKS", tmp_path / "marks")
     (tmp_path / "plans").mkdir()
     (tmp_path / "plans" / "sim.env").write_text("A=1\nVLLM_CPU_KVCACHE_SPACE=1\nB=2\n")
+    module.tmp = tmp_path
     return module
 
 
 def _plan(ctl):
     return {
+        "lane": "sim",
+        "env_file": str(ctl.tmp / "plans" / "sim.env"),
+        "marks_dir": str(ctl.tmp / "marks"),
         "container": "vllm_node",
         "image": "img:1",
         "docker_options": ["--network", "host", "--env-file", "/etc/sparkinfra/nccl.env",
-                           "--env-file", str(ctl.PLANS / "sim.env"), "-v", "/a:/a:ro"],
+                           "--env-file", str(ctl.tmp / "plans" / "sim.env"), "-v", "/a:/a:ro"],
         "command": ["vllm", "serve", "org/m", "--gpu-memory-utilization", "0.9", "--max-model-len", "512"],
     }
 
 
 def test_flag_knob_replaces_the_value(ctl):
     p = _plan(ctl)
-    q = ctl.trial_plan("sim", p, "--gpu-memory-utilization", "0.929")
+    q = ctl.trial_plan(p, "--gpu-memory-utilization", "0.929")
     assert q["command"] == ["vllm", "serve", "org/m", "--gpu-memory-utilization", "0.929", "--max-model-len", "512"]
     assert q["container"] == "vllm_node-trial" and q["docker_options"] == p["docker_options"]
     assert p["command"][4] == "0.9"  # the lane's plan itself is untouched
@@ -44,18 +46,18 @@ def test_flag_knob_replaces_the_value(ctl):
 def test_flag_knob_in_equals_form_and_missing(ctl):
     p = _plan(ctl)
     p["command"][3:5] = ["--gpu-memory-utilization=0.9"]
-    assert "--gpu-memory-utilization=0.5" in ctl.trial_plan("sim", p, "--gpu-memory-utilization", "0.5")["command"]
-    q = ctl.trial_plan("sim", p, "--kv-cache-memory-bytes", "1000")
+    assert "--gpu-memory-utilization=0.5" in ctl.trial_plan(p, "--gpu-memory-utilization", "0.5")["command"]
+    q = ctl.trial_plan(p, "--kv-cache-memory-bytes", "1000")
     assert q["command"][-2:] == ["--kv-cache-memory-bytes", "1000"]
 
 
 def test_env_knob_goes_to_a_root_only_copy_of_the_env_file(ctl):
     p = _plan(ctl)
-    q = ctl.trial_plan("sim", p, "VLLM_CPU_KVCACHE_SPACE", "3")
-    trial_env = ctl.MARKS / "sim.trial.env"
+    q = ctl.trial_plan(p, "VLLM_CPU_KVCACHE_SPACE", "3")
+    trial_env = ctl.tmp / "marks" / "sim.trial.env"
     assert trial_env.read_text() == "A=1\nB=2\nVLLM_CPU_KVCACHE_SPACE=3\n"
     assert stat.S_IMODE(trial_env.stat().st_mode) == 0o600
-    assert q["docker_options"][5] == str(trial_env) and p["docker_options"][5] == str(ctl.PLANS / "sim.env")
+    assert q["docker_options"][5] == str(trial_env) and p["docker_options"][5] == p["env_file"]
     assert q["command"] == p["command"]
 
 
@@ -94,6 +96,21 @@ def test_a_rank_without_a_key_runs_the_lane_command_itself():
 def test_flag_knob_in_the_heads_wrapped_command(ctl):
     p = _plan(ctl)
     p["command"] = serving.container_command(p["command"], api_key=True)
-    q = ctl.trial_plan("sim", p, "--gpu-memory-utilization", "0.929")
+    q = ctl.trial_plan(p, "--gpu-memory-utilization", "0.929")
     assert q["command"][:4] == p["command"][:4] and q["command"][4:] == [
         "vllm", "serve", "org/m", "--gpu-memory-utilization", "0.929", "--max-model-len", "512"]
+
+
+def test_status_of_a_lane_not_placed_is_empty(tmp_path):
+    """The runner's paths come from the plan it is given: no plan there, nothing to report."""
+    done = subprocess.run(["python3", str(serving.LANE_CTL_SOURCE), "status", str(tmp_path / "sim.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "{}\n", done.stderr
+
+
+def test_the_runner_has_no_paths_of_its_own():
+    """Every path lane_ctl touches is in the plan (serving.RankPlan.runner_plan), none in its source."""
+    source = serving.LANE_CTL_SOURCE.read_text()
+    code = source[source.index('"""', source.index('"""') + 3):]  # past the docstring
+    for path in (serving.PLANS_DIR, serving.MARKS_DIR, serving.STATE_DIR, "sparkinfra-lane-"):
+        assert path not in code, path
