@@ -35,7 +35,7 @@ from .lifecycle import _our_pids as _our_pids
 from .lifecycle import clear_stale, down, up
 from .network import cable, in_netns, install_guard_routes, ip, power_on_network, remove_guard_routes
 from .nodes import container_pid, node_exec, nspawn_command, reboot, supervise, wait_running
-from .snapshots import make_snapshot, place_snapshot
+from .snapshots import make_snapshot
 
 __all__ = [
     # cache
@@ -57,5 +57,5 @@ __all__ = [
     # nodes
     "container_pid", "node_exec", "nspawn_command", "reboot", "supervise", "wait_running",
     # snapshots
-    "make_snapshot", "place_snapshot",
+    "make_snapshot",
 ]

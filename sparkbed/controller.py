@@ -127,7 +127,7 @@ def _start_hub() -> int:
          "--host", MGMT_GATEWAY, "--port", str(HUB_PORT), "--token-file", str(token)],
         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
         preexec_fn=lambda: _enter_own_cgroup("hub"),
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     (STATE / "hub.pid").write_text(f"{proc.pid}\n")
     return proc.pid

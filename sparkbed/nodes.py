@@ -194,7 +194,7 @@ def _start_supervisor(node: SimNode) -> int:
         stdout=log_file,
         stderr=log_file,
         start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     (node_dir(node.name) / "supervisor.pid").write_text(f"{proc.pid}\n")
     return proc.pid

@@ -1,35 +1,13 @@
 """
 Model snapshots written as ``huggingface_hub`` lays out its cache (content-addressed blobs,
-``snapshots/<revision>`` symlinks, ``refs/main``): from a folder's files, or random ones of given
-sizes for staging tests and benchmarks.
+``snapshots/<revision>`` symlinks, ``refs/main``), of random files of given sizes, for staging
+tests and benchmarks.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-
-def place_snapshot(source: Path, cache_dir: Path, repo: str, revision: str) -> Path:
-    """Copy the files of ``source`` into ``cache_dir`` as ``huggingface_hub`` lays out a download."""
-    import hashlib
-
-    repo_dir = cache_dir / f"models--{repo.replace('/', '--')}"
-    blobs, snap = repo_dir / "blobs", repo_dir / "snapshots" / revision
-    blobs.mkdir(parents=True, exist_ok=True)
-    snap.mkdir(parents=True, exist_ok=True)
-    (repo_dir / "refs").mkdir(exist_ok=True)
-    (repo_dir / "refs" / "main").write_text(revision)
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        blob = blobs / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        link = snap / path.relative_to(source)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    return repo_dir
 
 
 def make_snapshot(cache_dir: Path, repo: str, revision: str, large: int, large_bytes: int, small: int,
