@@ -6,14 +6,15 @@ stops (non-zero exit, nothing changed) when any check fails.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import asdict, dataclass
 
 from pyinfra import logger
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
+from . import lanes, scripts
+from .lanes.render import RDMA_DEVICES
 from .facts.reading import at_once, gathered
 from .settings import Cluster, Settings
 
@@ -24,33 +25,20 @@ class PreflightFailed(PyinfraError):
 
 class PreflightProbe(FactBase):
     """
-    Returns ``key=value`` lines about a node, read in one round trip: the GPU nvidia-smi
-    reports, free and used bytes under the model folder, the fabric link, listeners on ports.
+    Returns what preflight judges of a node, read in one round trip (``scripts/preflight_probe.sh``):
+    the GPU nvidia-smi reports, free and used bytes under the model folder, the fabric link, the
+    RDMA device nodes, listeners on ports.
+
+    .. code:: python
+
+        {"gpu": "NVIDIA GB10", "free": "81604378624", "used": "0", "rdma": "rdma_cm uverbs0 uverbs1",
+         "link": "3: enp1s0f0np0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 4200 …",
+         "ports": ["8000 pid=12 comm=vllm container=vllm_node"]}
     """
 
     @override
-    def command(self, model_dir: str, interface: str, ports: tuple[int, ...]) -> str:
-        d, i = shlex.quote(model_dir), shlex.quote(interface)
-        lines = [
-            "if command -v nvidia-smi >/dev/null 2>&1; then "
-            "echo \"gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n 1)\"; "
-            "else echo 'gpu=!missing'; fi",
-            f"p={d}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-            "echo \"free=$(df -PB1 \"$p\" | awk 'NR==2 {print $4}')\"",
-            f"echo \"used=$(du -sb {d} 2>/dev/null | cut -f1)\"",
-            f"echo \"link=$(ip -o link show dev {i} 2>/dev/null | head -n 1)\"",
-        ]
-        for port in ports:
-            lines.append(
-                f"ss -Hltnp '( sport = :{int(port)} )' | while read -r l; do "
-                "pid=$(echo \"$l\" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2); "
-                "comm=$(echo \"$l\" | grep -o 'users:((\"[^\"]*' | cut -d'\"' -f2); "
-                "cid=$(grep -o 'docker[-/][0-9a-f]\\{12,\\}' /proc/$pid/cgroup 2>/dev/null | head -n 1 "
-                "| grep -o '[0-9a-f]\\{12,\\}'); "
-                "name=; [ -n \"$cid\" ] && name=$(docker inspect -f '{{.Name}}' \"$cid\" 2>/dev/null); "
-                f"echo \"port={int(port)} pid=$pid comm=$comm container=${{name#/}}\"; done"
-            )
-        return "; ".join(lines) + "; true"
+    def command(self, model_dir: str, interface: str, ports: tuple[int, ...]) -> StringCommand:
+        return scripts.command("preflight_probe.sh", model_dir, interface, *(str(int(p)) for p in ports))
 
     @override
     def process(self, output):
@@ -79,13 +67,15 @@ def link_flags(probe: dict | None) -> list[str]:
 
 
 def evaluate(
-    cluster: Cluster, host_name: str, probe: dict | None, peers_down: tuple[str, ...] = ()
+    cluster: Cluster, host_name: str, probe: dict | None, peers_down: tuple[str, ...] = (),
+    lane: lanes.Lane | None = None,
 ) -> list[Check]:
     """
     Judge one node's probe (``None``: the node was not reachable over SSH).
 
     + peers_down: nodes of the cluster whose fabric port is administratively down (prepare
       brings them up): with one of them, no carrier is expected rather than a cable fault
+    + lane: the cluster's lane, if any: its container gets the node's RDMA devices (``rdma``)
     """
     node = cluster.node(host_name)
     config = cluster.config
@@ -124,6 +114,9 @@ def evaluate(
     else:
         checks.append(Check(host_name, "fabric", True, f"{cluster.fabric.interface} up, carrier"))
 
+    if lane is not None:
+        checks.append(rdma_check(host_name, probe, lane))
+
     if node == cluster.head:
         held = [p for p in probe["ports"] if _listener(p).get("container") != config.container_name]
         ports = ", ".join(str(p) for p in (config.api_port, config.master_port))
@@ -135,6 +128,23 @@ def evaluate(
         )
         checks.append(Check(host_name, "ports", not held, detail))
     return checks
+
+
+def rdma_check(host_name: str, probe: dict, lane: lanes.Lane) -> Check:
+    """The node has the verbs devices the lane's container is given (NCCL opens them over the
+    fabric); a lane that opts out (``container.rdma: false``) says so."""
+    if not lane.container.rdma:
+        return Check(host_name, "rdma", True, f"not used: lane {lane.name} says container.rdma: false")
+    found = (probe.get("rdma") or "").split()
+    where = RDMA_DEVICES
+    if not any(d.startswith("uverbs") for d in found):
+        return Check(host_name, "rdma", False,
+                     f"no uverbs device in {where} ({' '.join(found) or 'empty'}): the RDMA driver is not loaded, "
+                     f"lane {lane.name}'s NCCL could not open the HCA in its container")
+    if "rdma_cm" not in found:
+        return Check(host_name, "rdma", False, f"no rdma_cm in {where} (the rdma_ucm module is not loaded): "
+                                               f"lane {lane.name}'s NCCL could not connect over RoCE")
+    return Check(host_name, "rdma", True, f"{' '.join(sorted(found))} in {where}, given to lane {lane.name}'s container")
 
 
 def _listener(line: str) -> dict[str, str]:
@@ -172,8 +182,9 @@ def run(state, settings: Settings) -> list[Check]:
         ])
         probes.update((h.name, value) for h, value in zip(live, values))
         down = tuple(n for n, p in probes.items() if p and p.get("link") and "UP" not in link_flags(p))
+        lane = lanes.find_lane(cluster.config.lane) if cluster.config.lane else None
         for node in cluster.nodes:
-            checks += evaluate(cluster, node.name, probes[node.name], down)
+            checks += evaluate(cluster, node.name, probes[node.name], down, lane)
     for c in checks:
         logger.info(f"    [{c.host}] preflight {'PASS' if c.ok else 'FAIL'} {c.check:<7} {c.detail}")
     failed = [c for c in checks if not c.ok]

@@ -127,17 +127,28 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     return Launch(rank=rank, command=command, serve_args=args, env=env, api=rank == 0, image=image)
 
 
+# Docker adds every device node under the folder (uverbs*, rdma_cm, umad*: whatever the node's
+# driver made), as vLLM's own run_cluster.sh example and sparkrun pass it; a
+# Spark serves one cluster, so no device is kept from another tenant. preflight checks the node
+# has its verbs devices before anything starts.
+RDMA_DEVICES = "/dev/infiniband"
+
+
 def container_options(lane: Lane) -> list[str]:
     """``docker run`` options of the lane's container (not name, network, env: the deploy adds them)."""
     c = lane.container
     options: list[str] = []
     if c.gpus is not None:
         options += ["--gpus", c.gpus]
+    if c.rdma:
+        options += ["--device", RDMA_DEVICES, "--cap-add", "IPC_LOCK"]
     if c.shm_size is not None:
         options += ["--shm-size", c.shm_size]
     options += ["--ipc", c.ipc]
-    for name in sorted(c.ulimits):
-        options += ["--ulimit", f"{name}={c.ulimits[name]}"]
+    ulimits = {"memlock": "-1"} if c.rdma else {}  # registered RDMA buffers are pinned memory
+    ulimits.update(c.ulimits)
+    for name in sorted(ulimits):
+        options += ["--ulimit", f"{name}={ulimits[name]}"]
     for mount in c.mounts:
         options += ["-v", mount]
     return options + list(c.extra_args)

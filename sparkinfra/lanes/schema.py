@@ -88,6 +88,12 @@ class Container(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpus: str | None = Field("all", description="``--gpus``; null: none (CPU).")
+    rdma: bool = Field(
+        True,
+        description="The fabric's RDMA in the container: the node's RDMA devices (``--device /dev/infiniband``), "
+        "``IPC_LOCK`` and unlimited ``memlock``, as NCCL over IB/RoCE needs (without them it falls back to "
+        "TCP sockets, or fails); false: a lane that does not use RDMA says so (a CPU lane).",
+    )
     shm_size: str | None = Field(None, pattern=r"^\d+[bkmgBKMG]?$", description="``--shm-size``.")
     ipc: str = Field("host", pattern=r"^(host|private|shareable|none|container:.+)$", description="``--ipc``.")
     ulimits: dict[str, str] = Field(default_factory=dict, description="``--ulimit name=value``.")

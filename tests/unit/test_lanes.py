@@ -335,9 +335,16 @@ def test_check_lane_names_lane_file_and_setting(cluster_of):
 
 
 def test_container_options():
-    assert container_options(find_lane("pair-a-balanced")) == [
-        "--gpus", "all", "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+    assert container_options(find_lane("pair-a-balanced")) == [  # the fabric's RDMA by default
+        "--gpus", "all", "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ipc", "host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
     ]
+    rdma = find_lane("sim").model_copy(deep=True)
+    rdma.container.rdma = True  # its own memlock, if it sets one, wins over the unlimited default
+    rdma.container.ulimits = {"memlock": "1024"}
+    assert container_options(rdma)[:7] == ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ipc", "host",
+                                           "--ulimit"]
+    assert "memlock=1024" in container_options(rdma) and "memlock=-1" not in container_options(rdma)
     assert container_options(find_lane("sim")) == ["--ipc", "host", "-v", "/var/lib/sparkbed/vllm:/opt/vllm:ro"]
     lane = find_lane("sim").model_copy(deep=True)
     lane.container.shm_size, lane.container.ipc, lane.container.extra_args = "64g", "private", ["--cap-add", "IPC_LOCK"]

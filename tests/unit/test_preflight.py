@@ -5,10 +5,15 @@ cluster loaded from a pyinfra inventory (the seeds' pair: head bluey, worker red
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+
 import pytest
 from spark_cluster import load_cluster
 
-from sparkinfra.preflight import Check, PreflightProbe, evaluate, required_ports
+from sparkinfra import lanes
+from sparkinfra.preflight import Check, PreflightProbe, evaluate, link_flags, required_ports
 
 HEAD, WORKER = "bluey", "reddie"
 GB = 1_000_000_000
@@ -84,11 +89,24 @@ def test_probe_process_empty_values():
     }
 
 
-def test_probe_command_asks_for_the_head_ports_only():
-    head = PreflightProbe().command("/var/lib/sparkinfra/hf", "enp1s0f0np0", (8000, 29501))
-    worker = PreflightProbe().command("/var/lib/sparkinfra/hf", "enp1s0f0np0", ())
-    assert "sport = :8000" in head and "sport = :29501" in head
-    assert "ss " not in worker
+def test_probe_script_runs_and_its_lines_are_read(tmp_path):
+    """scripts/preflight_probe.sh as PreflightProbe runs it, here: a listener on the asked port
+    is named; the folder's nearest existing parent gives the free bytes."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        command = PreflightProbe().command(str(tmp_path / "not" / "yet"), "lo", (port,)).get_raw_value()
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = PreflightProbe().process(done.stdout.splitlines())
+    assert set(found) >= {"gpu", "free", "used", "link", "rdma", "ports"}, found
+    assert int(found["free"]) > 0 and found["used"] == ""
+    assert "lo:" in found["link"] and "UP" in link_flags(found)
+    assert [p.split()[0] for p in found["ports"]] == [str(port)], found["ports"]
+    assert f"pid={os.getpid()}" in found["ports"][0]
+    worker = PreflightProbe().command("/var/lib/sparkinfra/hf", "enp1s0f0np0", ()).get_raw_value()
+    assert worker.endswith("preflight_probe.sh /var/lib/sparkinfra/hf enp1s0f0np0")
 
 
 def test_required_ports(cluster):
@@ -267,3 +285,23 @@ def test_several_failures_are_all_reported(cluster):
 def test_unknown_host_is_a_key_error(cluster):
     with pytest.raises(KeyError):
         evaluate(cluster, "nobody", probe())
+
+
+# rdma: the verbs devices a lane's container is given
+
+
+@pytest.mark.parametrize("devices, ok, said", [
+    ("issm0 rdma_cm umad0 uverbs0", True, "issm0 rdma_cm umad0 uverbs0 in /dev/infiniband, given to lane pair-a-balanced"),
+    ("", False, "no uverbs device in /dev/infiniband (empty): the RDMA driver is not loaded"),
+    ("uverbs0 uverbs1", False, "no rdma_cm in /dev/infiniband (the rdma_ucm module is not loaded)"),
+], ids=["present", "no driver", "no rdma_cm"])
+def test_a_lane_using_rdma_needs_the_nodes_verbs_devices(cluster, devices, ok, said):
+    lane = lanes.find_lane("pair-a-balanced")
+    found = by_name(evaluate(cluster, WORKER, {**probe(), "rdma": devices}, lane=lane))["rdma"]
+    assert found.ok is ok and said in found.detail, found
+
+
+def test_a_lane_that_opts_out_of_rdma_says_so_and_no_lane_has_no_rdma_check(cluster):
+    found = by_name(evaluate(cluster, HEAD, {**probe(), "rdma": ""}, lane=lanes.find_lane("sim")))["rdma"]
+    assert found.ok and found.detail == "not used: lane sim says container.rdma: false"
+    assert "rdma" not in by_name(evaluate(cluster, HEAD, probe()))

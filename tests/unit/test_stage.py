@@ -827,22 +827,23 @@ def head_run(tmp_path: Path, workers: list[str], failing: tuple = (), deep: bool
     """``head_transfer_command`` run with stand-ins for the daemon (it keeps its config) and ssh."""
     seen = tmp_path / "seen"
     seen.mkdir()
+    with socket.socket() as free:  # a free port for the stand-in daemon
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    listen = (f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(30)")
     env = stubs(
-        tmp_path,
-        rsync=f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\nexec sleep 30\n',
+        tmp_path,  # the daemon keeps its config, then listens: the head waits for the port
+        rsync=(f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\n'
+               f'exec {sys.executable} -c "{listen}"\n'),
         ssh=(
             'while [ "$1" = -o ]; do shift 2; done\n'
             f'printf %s "$2" > {seen}/pull.$1\n'
             f'case " {" ".join(failing)} " in *" $1 "*) exit 3;; esac\n'
         ),
     )
-    with socket.socket() as daemon:  # where the stand-in daemon would listen: the head waits for it
-        daemon.bind(("127.0.0.1", 0))
-        daemon.listen()
-        port = daemon.getsockname()[1]
-        command = transfer.head_transfer_command(REPO_DIR, workers, "127.0.0.1", port, 6, deep)
-        proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True,
-                              timeout=60)
+    command = transfer.head_transfer_command(REPO_DIR, workers, "127.0.0.1", port, 6, deep)
+    proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True, timeout=60)
     return proc, seen, port
 
 

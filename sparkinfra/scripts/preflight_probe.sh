@@ -1,0 +1,33 @@
+#!/bin/sh
+# preflight.PreflightProbe: key=value lines about a node, read in one round trip.
+#   preflight_probe.sh MODEL_DIR INTERFACE [PORT...]
+#   gpu=NAME (gpu=!missing without nvidia-smi), free=BYTES under MODEL_DIR (or its nearest
+#   existing parent), used=BYTES staged there, link=the `ip -o link` line of INTERFACE,
+#   rdma=the device nodes in /dev/infiniband (what a lane's container is given), and one
+#   port=PORT pid= comm= container= line per listener on each PORT.
+dir=$1 iface=$2
+shift 2
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo "gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n 1)"
+else
+  echo 'gpu=!missing'
+fi
+p=$dir
+while [ ! -e "$p" ]; do p=$(dirname -- "$p"); done
+echo "free=$(df -PB1 -- "$p" | awk 'NR==2 {print $4}')"
+echo "used=$(du -sb -- "$dir" 2>/dev/null | cut -f1)"
+echo "link=$(ip -o link show dev "$iface" 2>/dev/null | head -n 1)"
+devices=
+for d in /dev/infiniband/*; do [ -e "$d" ] && devices="$devices ${d##*/}"; done
+echo "rdma=${devices# }"
+for port in "$@"; do
+  ss -Hltnp "( sport = :$port )" | while read -r l; do
+    pid=$(echo "$l" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
+    comm=$(echo "$l" | grep -o 'users:(("[^"]*' | cut -d'"' -f2)
+    cid=$(grep -o 'docker[-/][0-9a-f]\{12,\}' "/proc/$pid/cgroup" 2>/dev/null | head -n 1 | grep -o '[0-9a-f]\{12,\}')
+    name=
+    [ -n "$cid" ] && name=$(docker inspect -f '{{.Name}}' "$cid" 2>/dev/null)
+    echo "port=$port pid=$pid comm=$comm container=${name#/}"
+  done
+done
+true
