@@ -150,6 +150,10 @@ class RankPlan:
         }
         return {**plan, "digest": self.digest} if self.digest else plan
 
+    def docker_run(self) -> list[str]:
+        """The rank's ``docker run`` argv, as ``lane_ctl.py run`` builds it from ``runner_plan``."""
+        return ["docker", "run", "--rm", "--name", self.container, *self.docker_options, self.image, *self.command]
+
     def unit_values(self) -> dict:
         """The values of ``templates/etc/systemd/system/sparkinfra-lane.service.j2``."""
         return {

@@ -42,6 +42,19 @@ def nccl_variables(cluster: Cluster) -> dict[str, str]:
     return env
 
 
+def nccl_env(variables: dict[str, str], overrides: dict[str, str | None], gid_index: str) -> dict[str, str]:
+    """A node's NCCL env file's variables: ``variables`` (``nccl_variables``), its GID index, then
+    ``overrides`` (a ``None`` value removes the variable)."""
+    env = dict(variables)
+    env["NCCL_IB_GID_INDEX"] = gid_index
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
 @operation()
 def nccl_environment(
     path: str,
@@ -78,13 +91,7 @@ def nccl_environment(
             f"on {interface}; the table holds: {table}"
         )
         return
-    env = dict(variables)
-    env["NCCL_IB_GID_INDEX"] = str(index)
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
+    env = nccl_env(variables, overrides, str(index))
     yield from file_content._inner(
         path=path, mode="600", content=render("etc/sparkinfra/nccl.env.j2", variables=sorted(env.items())),
     )

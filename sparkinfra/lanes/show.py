@@ -1,0 +1,79 @@
+"""
+What a lane will run, rank by rank, before anything runs: the exact ``docker run`` of each rank's
+unit (options, mounts, image, the ``vllm serve`` arguments), its env files with secrets masked, the
+model and drafter with their revisions. Read from the inventory and ``group_data`` alone: no host
+is connected.
+
+    python -m sparkinfra.lanes show [LANE] --inventory inventory/pair.py [--data key=value ...]
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from .. import serving
+from ..operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
+from ..settings import Cluster
+from .checks import check_lane
+from .schema import Lane
+
+# A variable whose name says it holds a credential is shown masked.
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+GID_LATER = "<read on the node by deploys/prepare.py: the RoCE v2 row of its fabric IPv4>"
+
+
+def show(lane: Lane, cluster: Cluster) -> str:
+    """The text of ``python -m sparkinfra.lanes show`` for ``lane`` on ``cluster``, headed by what would
+    make a converge refuse it (``check_lane``)."""
+    config = cluster.config
+    plans = serving.rank_plans(lane, cluster)
+    revisions = [f"model {config.model} @ {config.model_revision}" if config.model else "model: none set (settings: model)"]
+    if config.drafter:
+        revisions.append(f"drafter {config.drafter} @ {config.drafter_revision}")
+    out = [
+        f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {plans[0].digest}",
+        "  " + "; ".join(revisions),
+        "  nothing was connected: what depends on a node (its GID index) is read there by the deploys",
+        *(f"  REFUSED by a converge: {problem}" for problem in check_lane(lane, cluster)),
+    ]
+    for plan in plans:
+        node = plan.node
+        role = f"serves the API on :{plan.api_port}" if plan.is_head else f"headless, joins {plan.head_ip}"
+        out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {serving.unit_name(lane.name)}"]
+        out += ["  " + line for line in docker_lines(plan)]
+        nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, GID_LATER)
+        out += _env_file(NCCL_ENV_FILE, nccl)
+        out += _env_file(serving.env_path(lane.name), plan.env)
+        if plan.api_key_file:
+            out += [f"  {plan.api_key_file} (root only, mounted at {serving.CONTAINER_API_KEY}):",
+                    f"      VLLM_API_KEY=<${config.api_key_env} of the controller: not shown>"]
+    return "\n".join(out) + "\n"
+
+
+def docker_lines(plan: serving.RankPlan) -> list[str]:
+    """The rank's ``docker run`` (``RankPlan.docker_run``) as shell lines: each option with its value
+    on a line of its own, the image, the command's words up to its first flag, then each flag."""
+    argv = [shlex.quote(a) for a in plan.docker_run()]
+    start = argv.index("--name") + 2
+    image_at = start + len(plan.docker_options)
+    command = argv[image_at + 1:]
+    words = next((i for i, a in enumerate(command) if a.startswith("-")), len(command))
+    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), argv[image_at]]
+    lines += [" ".join(command[:words]), *_paired(command[words:])] if command else []
+    return [lines[0] + " \\", *(f"    {line} \\" for line in lines[1:-1]), f"    {lines[-1]}"]
+
+
+def _paired(words: list[str]) -> list[str]:
+    """``--flag value`` on one line each; a flag with no value (the next word is a flag) alone."""
+    lines, i = [], 0
+    while i < len(words):
+        takes = words[i].startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-")
+        lines.append(f"{words[i]} {words[i + 1]}" if takes else words[i])
+        i += 2 if takes else 1
+    return lines
+
+
+def _env_file(path: str, env: dict[str, str]) -> list[str]:
+    shown = [f"      {k}={'<not shown>' if SECRET_NAME.search(k) and v else v}" for k, v in sorted(env.items())]
+    return [f"  {path}:", *shown]

@@ -1,0 +1,72 @@
+"""
+``python -m sparkinfra.lanes show``: each rank's exact ``docker run``, env files (secrets masked)
+and revisions, from the inventory alone (no host connected).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+
+from sparkinfra import serving
+from sparkinfra.lanes import find_lane
+from sparkinfra.lanes.__main__ import main
+from sparkinfra.lanes.show import docker_lines, show
+from sparkinfra.run import load_files
+
+PAIR = ("model=Sebesky/MiniMax-M3-W4A16-GPTQ", "drafter=Sebesky/MiniMax-M3-EAGLE3-RTN-INT4")
+
+
+def _cluster(inventory: str, *data: str):
+    _, settings = load_files(inventory, data)
+    [cluster] = settings.clusters.values()
+    return cluster
+
+
+def test_each_rank_gets_the_fabric_and_its_own_command():
+    text = show(find_lane("pair-a-balanced"), _cluster("inventory/pair.py", *PAIR))
+    assert "REFUSED" not in text
+    head, worker = text.split("\nrank 1 on ")
+    for rank in (head, worker):
+        for option in ("--device /dev/infiniband", "--cap-add IPC_LOCK", "--ulimit memlock=-1", "--gpus all"):
+            assert f"      {option} \\\n" in rank, option
+        assert "NCCL_IB_GID_INDEX=<read on the node by deploys/prepare.py" in rank
+    assert "--node-rank 0" in head and "--headless" not in head and "serves the API on :8000" in head
+    assert "--node-rank 1" in worker and "--headless" in worker
+    assert "model Sebesky/MiniMax-M3-W4A16-GPTQ @ main; drafter Sebesky/MiniMax-M3-EAGLE3-RTN-INT4 @ main" in text
+
+
+def test_the_lines_are_the_exact_command_the_runner_runs():
+    spec = importlib.util.spec_from_file_location("lane_ctl", serving.LANE_CTL_SOURCE)
+    ctl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ctl)
+    for plan in serving.rank_plans(find_lane("sim"), _cluster("inventory/sim.py")):
+        assert ctl.docker_run(plan.runner_plan()) == plan.docker_run()
+        lines = docker_lines(plan)
+        assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+        assert shlex.split(" ".join(line.removesuffix(" \\") for line in lines)) == plan.docker_run()
+
+
+def test_secrets_are_not_shown(monkeypatch):
+    monkeypatch.setenv("SPARKBED_API_KEY", "sk-do-not-print-me")
+    lane = find_lane("sim").model_copy(deep=True)
+    lane.env = {**lane.env, "HF_TOKEN": "hf_do_not_print_me", "MY_API_KEY": "also-secret"}
+    text = show(lane, _cluster("inventory/sim.py"))
+    assert "do-not-print" not in text and "do_not_print" not in text and "also-secret" not in text
+    assert "      HF_TOKEN=<not shown>" in text and "      MY_API_KEY=<not shown>" in text
+    assert "VLLM_API_KEY=<$SPARKBED_API_KEY of the controller: not shown>" in text
+    assert "      VLLM_HOST_IP=10.213.1.1" in text  # what is not a secret is shown as it is
+
+
+def test_cli_shows_the_settings_lane_and_says_what_a_converge_would_refuse(capsys):
+    assert main(["show", "--inventory", "inventory/sim.py"]) == 0
+    assert capsys.readouterr().out.startswith("Lane sim on cluster sim (2 nodes), plan ")
+    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py"]) == 1  # no model set
+    out = capsys.readouterr().out
+    assert "REFUSED by a converge: lanes/pair-a-balanced.yaml: model 'Sebesky/MiniMax-M3-W4A16-GPTQ' is not" in out
+    assert "rank 1 on reddie" in out  # shown all the same
+
+
+def test_cli_without_a_lane_anywhere(capsys):
+    assert main(["show", "--inventory", "inventory/pair.py"]) == 1  # the pair's data names none
+    assert "no cluster of inventory/pair.py names a lane" in capsys.readouterr().err
