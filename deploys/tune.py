@@ -5,7 +5,7 @@ Prints a per-cluster setting with its evidence lines (also in results/<cluster>/
 The lane is placed but not started first; if it was serving, it serves again afterwards.
 
     pyinfra inventory/pair.py deploys/tune.py                      # gpu_memory_utilization, from the lane's
-    pyinfra inventory/sim.py deploys/tune.py --data tune_knob=VLLM_CPU_KVCACHE_SPACE --data tune_max=4
+    pyinfra inventory/sim.py deploys/tune.py --data tune_knob=VLLM_CPU_KVCACHE_SPACE --data tune_max=2
 """
 
 from pyinfra import host

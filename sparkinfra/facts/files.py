@@ -31,21 +31,16 @@ class FileState(FactBase):
         return scripts.command("file_state.sh", path)
 
     @override
-    def process(self, output):
-        return parse_file_state(output)
-
-
-def parse_file_state(lines) -> dict:
-    """``FileState``'s output as a dict (see there)."""
-    lines = [line.strip() for line in lines if line.strip()]
-    state = {"kind": "absent", "mode": None, "user": None, "group": None, "sha1": None,
-             "parent": bool(lines) and lines[-1] == "parent"}
-    head = lines[0].split() if lines else []
-    if head[:1] == ["other"]:
-        state["kind"] = "other"
-    elif head[:1] == ["file"] and len(head) == 4 and len(lines) >= 3:
-        state.update(kind="file", mode=head[1], user=head[2], group=head[3], sha1=lines[1].split()[0])
-    return state
+    def process(self, lines):
+        lines = [line.strip() for line in lines if line.strip()]
+        state = {"kind": "absent", "mode": None, "user": None, "group": None, "sha1": None,
+                 "parent": bool(lines) and lines[-1] == "parent"}
+        head = lines[0].split() if lines else []
+        if head[:1] == ["other"]:
+            state["kind"] = "other"
+        elif head[:1] == ["file"] and len(head) == 4 and len(lines) >= 3:
+            state.update(kind="file", mode=head[1], user=head[2], group=head[3], sha1=lines[1].split()[0])
+        return state
 
 
 class FileDigest(FactBase):

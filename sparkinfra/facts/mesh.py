@@ -31,14 +31,10 @@ class AuthorizedKeys(FactBase):
         return scripts.command("authorized_keys.sh", user)
 
     @override
-    def process(self, output):
-        return parse_authorized_keys(output)
-
-
-def parse_authorized_keys(lines) -> dict | None:
-    """``AuthorizedKeys``' output as a dict (see there)."""
-    if len(lines) < 3:
-        return None
-    ssh_dir, file = (line.split() if len(line.split()) == 4 else [line.strip(), None, None, None]
-                     for line in lines[1:3])
-    return {"home": lines[0], "ssh_dir": ssh_dir, "file": file, "lines": [line for line in lines[3:] if line.strip()]}
+    def process(self, lines):
+        if len(lines) < 3:
+            return None
+        ssh_dir, file = (line.split() if len(line.split()) == 4 else [line.strip(), None, None, None]
+                         for line in lines[1:3])
+        keys = [line for line in lines[3:] if line.strip()]
+        return {"home": lines[0], "ssh_dir": ssh_dir, "file": file, "lines": keys}

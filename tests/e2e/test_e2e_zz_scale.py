@@ -1,15 +1,18 @@
 """
 Scale (runs last): two pairs in one inventory, each cluster its own head and ports, converge in one
-run; eight nodes behind the switch prepare, stage and verify. Serving stays on the pair (2 cores).
+run; on those four nodes behind the switch, a pulled cable fails preflight on that node only; eight
+nodes serve (no lane: serving stays on the pair, 2 cores) and verify.
 """
 
+import sparkbed as simbed
 
 DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
 
 
-def _converge_verify(bed, inventory, hosts, heads):
-    """prepare changes every node; stage's changes are the heads' (they send to their workers)."""
-    for deploy, changing in zip(DEPLOYS, (hosts, heads)):
+def test_two_pairs_in_one_inventory_converge_in_one_run(bed):
+    bed.fresh(4)
+    inventory, hosts = "inventory/sim_pairs.py", {f"spark-{i}" for i in range(1, 5)}
+    for deploy, changing in zip(DEPLOYS, (hosts, {"spark-1", "spark-3"})):  # stage: the heads send
         first = bed.converge(inventory, deploy)
         assert first.changed_hosts() == changing, (deploy, first.changed)
     for deploy in DEPLOYS:
@@ -17,19 +20,33 @@ def _converge_verify(bed, inventory, hosts, heads):
         assert again.changes == {h: 0 for h in hosts}, (deploy, again.changed)
     result = bed.verify(inventory)
     assert result.returncode == 0, result.output[-3000:]
-
-
-def test_two_pairs_in_one_inventory_converge_in_one_run(bed):
-    bed.fresh(4)
-    _converge_verify(bed, "inventory/sim_pairs.py", {f"spark-{i}" for i in range(1, 5)}, {"spark-1", "spark-3"})
     # Each pair's head meshes only with its own worker.
     assert "10.213.1.2" in bed.node("spark-1", "cat /root/.ssh/config").stdout
     assert "10.213.1.4" not in bed.node("spark-1", "cat /root/.ssh/config").stdout
     assert "10.213.1.4" in bed.node("spark-3", "cat /root/.ssh/config").stdout
 
 
-def test_eight_nodes_prepare_stage_and_verify(bed):
+def test_pulled_cable_fails_preflight_on_that_node(bed):
+    bed.ensure(4)  # the four nodes behind the switch, as the test before left them
+    simbed.cable("spark-3", plugged=False)
+    try:
+        run = bed.converge("inventory/sim4.py", "deploys/preflight.py", check=False)
+    finally:
+        simbed.cable("spark-3", plugged=True)
+    assert run.returncode != 0
+    assert "[spark-3] preflight FAIL fabric  enp1s0f0np0 up but no carrier" in run.stderr, run.stderr[-2000:]
+    assert "[spark-2] preflight PASS fabric" in run.stderr
+
+
+def test_eight_nodes_serve_and_verify(bed):
     bed.fresh(8)
-    _converge_verify(bed, "inventory/sim8.py", {f"spark-{i}" for i in range(1, 9)}, {"spark-1"})
+    inventory, hosts = "inventory/sim8.py", {f"spark-{i}" for i in range(1, 9)}
+    first = bed.converge(inventory, "deploys/serve.py")
+    assert first.changed_hosts() == hosts, first.changed
+    assert any("Every worker has the head's" in op for op in first.changed["spark-1"]), first.changed["spark-1"]
+    again = bed.converge(inventory, "deploys/serve.py")
+    assert again.changes == {h: 0 for h in hosts}, again.changed
+    result = bed.verify(inventory)
+    assert result.returncode == 0, result.output[-3000:]
     gids = {bed.node(f"spark-{i}", "grep NCCL_IB_GID_INDEX /etc/sparkinfra/nccl.env").stdout.strip()[-1] for i in range(1, 9)}
     assert gids == {"3", "5"}, gids

@@ -27,9 +27,9 @@ from sparkinfra.facts.fabric import (
     parse_ip_addr_json,
     roce_v2_index,
 )
-from sparkinfra.facts.files import FileState, parse_file_state
+from sparkinfra.facts.files import FileState
 from sparkinfra.facts.lane import DockerContainer
-from sparkinfra.facts.mesh import AuthorizedKeys, parse_authorized_keys
+from sparkinfra.facts.mesh import AuthorizedKeys
 from sparkinfra.facts.nccl import NcclVersion, nccl_version_from_code
 
 REPO = Path(__file__).resolve().parents[2]
@@ -578,7 +578,7 @@ def test_file_state_of_something_else_in_the_way(tmp_path, make):
 
 
 def test_parse_file_state_of_no_output_is_absent_without_folder():
-    assert parse_file_state([]) == {
+    assert FileState().process([]) == {
         "kind": "absent", "mode": None, "user": None, "group": None, "sha1": None, "parent": False}
 
 
@@ -610,6 +610,6 @@ def test_authorized_keys_of_a_user_without_home():
 
 
 def test_authorized_keys_parses_kinds_and_lines():
-    found = parse_authorized_keys(["/home/s", "directory s s 700", "other", "ssh-ed25519 AAA x", "", "k2"])
+    found = AuthorizedKeys().process(["/home/s", "directory s s 700", "other", "ssh-ed25519 AAA x", "", "k2"])
     assert found == {"home": "/home/s", "ssh_dir": ["directory", "s", "s", "700"],
                      "file": ["other", None, None, None], "lines": ["ssh-ed25519 AAA x", "k2"]}
