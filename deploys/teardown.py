@@ -60,6 +60,8 @@ if config.teardown == "full":
         name=f"No lane plan or env file is left in {serving.PLANS_DIR}", path=serving.PLANS_DIR, present=False,
     )
     file_content(name=f"No lane runner is left at {serving.LANE_CTL}", path=serving.LANE_CTL, present=False)
+    file_content(name=f"No container check is left at {serving.CONTAINER_CHECK}", path=serving.CONTAINER_CHECK,
+                 present=False)
     files.directory(name=f"No lane marks are left in {serving.MARKS_DIR}", path=serving.MARKS_DIR, present=False)
     files.directory(
         name=f"No validation marks are left in {serving.STATE_DIR}", path=serving.STATE_DIR, present=False,

@@ -61,6 +61,11 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
         mode="755",
     )
     file_content(
+        name=f"Container check is at {serving.CONTAINER_CHECK}",
+        path=serving.CONTAINER_CHECK,
+        src=str(serving.CONTAINER_CHECK_SOURCE),
+    )
+    file_content(
         name=f"This node's environment for lane {name} is in {serving.env_path(name)} (root only)",
         path=serving.env_path(name),
         content=render(

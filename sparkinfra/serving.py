@@ -21,6 +21,11 @@ from .settings import Cluster, Node
 
 LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
 LANE_CTL_SOURCE = scripts.path("lane_ctl.py")
+# Every rank's container is checked before vLLM starts (NCCL pin, RDMA devices, GID row): the
+# script on the node, mounted read-only into a throwaway container of the rank's own options.
+CONTAINER_CHECK = "/usr/local/lib/sparkinfra/container_check.py"
+CONTAINER_CHECK_SOURCE = scripts.path("container_check.py")
+CONTAINER_CHECK_IN = "/run/sparkinfra/container_check.py"
 PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
@@ -111,6 +116,7 @@ class RankPlan:
     workers: tuple[tuple[str, int], ...]  # the head's: (fabric IP, rank) of each worker
     warmup: tuple[dict, ...]  # the head's: one request per workload shape
     liveness_interval: int  # seconds between the head's one-token completions
+    check_args: tuple[str, ...] = ()  # container_check.py's: the pinned NCCL, whether RDMA is checked
     liveness_timeout: int = 60
     watch_interval: int = 5  # seconds between the head's checks of its workers
     watch_grace: int = 20  # seconds a worker may take to come up before the watch counts it
@@ -147,6 +153,7 @@ class RankPlan:
             "watch_grace": self.watch_grace,
             "liveness_interval": self.liveness_interval,
             "liveness_timeout": self.liveness_timeout,
+            "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args)},
         }
         return {**plan, "digest": self.digest} if self.digest else plan
 
@@ -233,6 +240,8 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
             liveness_interval=config.lane_liveness_interval,
+            check_args=("--nccl-version", config.nccl_version,
+                        *(("--rdma", "--rdma-port", str(cluster.fabric.rdma_port)) if lane.container.rdma else ())),
             # A headless rank has no request to finish, and once rank 0 is gone vLLM's executor
             # waits 5 s for its worker process, then TERMs it, then KILLs it (about 11 s in all):
             # docker stops it at that first grace instead.
@@ -250,7 +259,7 @@ def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:
 def lane_digest(plans: list[RankPlan]) -> str:
     """One hash of every rank's plan, env, unit values, unit template and lane_ctl: any change restarts."""
     digest = hashlib.sha256()
-    for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes()):
+    for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes(), CONTAINER_CHECK_SOURCE.read_bytes()):
         digest.update(hashlib.sha256(part).digest())
     for p in plans:
         digest.update(json.dumps([p.runner_plan(), p.env, p.unit_values()], sort_keys=True).encode())

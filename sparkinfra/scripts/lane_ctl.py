@@ -5,8 +5,12 @@ Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, ru
 Over 400 lines: it is uploaded as one file and runs with the node's own python3 (stdlib only), so
 its parts (start order, watch, liveness, trials, status) cannot be modules of their own.
 
-    lane_ctl.py pre PLAN          head, ExecStartPre: stop other lanes here and on the workers,
+    lane_ctl.py pre PLAN          head, ExecStartPre: stop other lanes here and on the workers, check
+                                  every rank's container at once (``check``; any failure: no start),
                                   then restart this lane's workers (all ranks start fresh, workers first)
+    lane_ctl.py check PLAN        this rank's container checked before vLLM runs in it: the plan's
+                                  container_check.py in a throwaway container of the rank's own options
+                                  (the NCCL pin as libraries load it, RDMA devices, the GID row)
     lane_ctl.py run PLAN          ExecStart: the rank's container; on the head also the lane's watch:
                                   a worker unit that is not active, or an API that stops answering a
                                   one-token completion, stops the head (its unit restarts the lane)
@@ -158,9 +162,46 @@ def stop_other_lanes(p: dict) -> None:
             on_worker(worker["ip"], "systemctl", "stop", *stale, timeout=300)
 
 
+def container_check(p: dict) -> tuple[bool, list[str]]:
+    """This rank's ``container_check.py`` run in a container of its own options and image: its verdict
+    and lines (``container check: PASS|FAIL …``)."""
+    c = p["container_check"]
+    name = f"{p['container']}-check"
+    sh("docker", "rm", "-f", name)
+    done = sh("docker", "run", "--rm", "--name", name, *p["docker_options"], "-v", f"{c['script']}:{c['mount']}:ro",
+              "--entrypoint", "python3", p["image"], c["mount"], *c["args"], timeout=300)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return done.returncode == 0, lines or [f"container check: FAIL docker: exit {done.returncode}"]
+
+
+def cmd_check(path: str) -> int:
+    ok, lines = container_check(plan(path))
+    print("\n".join(lines), flush=True)
+    return 0 if ok else 1
+
+
+def check_every_rank(path: str, p: dict) -> bool:
+    """``check`` on every rank at once (the head here, the workers over SSH); says each line."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        head = pool.submit(container_check, p)
+        workers = on_workers(p["workers"], "python3", str(Path(__file__).resolve()), "check", path, timeout=300)
+        ok, lines = head.result()
+    results = [(0, "this node", ok, lines)]
+    for worker, done in zip(p["workers"], workers):
+        said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        results.append((worker["rank"], worker["ip"], done.returncode == 0, said or [f"exit {done.returncode}"]))
+    for rank, where, _, lines in results:
+        for line in lines:
+            say(f"rank {rank} on {where}: {line}")
+    return all(ok for _, _, ok, _ in results)
+
+
 def cmd_pre(path: str) -> int:
     p = plan(path)
     stop_other_lanes(p)
+    if not check_every_rank(path, p):
+        say("a rank's container check failed: the lane does not start (the lines above say why)")
+        return 1
     # All ranks start fresh together, the workers first: a lane never recovers rank by rank.
     say("(re)starting " + ", ".join(f"rank {w['rank']} on {w['ip']}" for w in p["workers"]))
     failed = [(w, r) for w, r in zip(p["workers"], on_workers(p["workers"], "systemctl", "restart", p["unit"],
@@ -453,6 +494,8 @@ def main(argv: list[str]) -> int:
         return cmd_run(path)
     if command == "post":
         return cmd_post(path)
+    if command == "check":
+        return cmd_check(path)
     if command == "status":
         return cmd_status(path, probe="--local" not in argv[2:])
     if command == "wait-ready":

@@ -145,12 +145,21 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
 
 def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(serving):
     """Stopping the head's unit takes the worker down; containers left with the lane's name (a
-    stopped placeholder on the worker, a stray one running on the head) are replaced."""
+    stopped placeholder on the worker, a stray one running on the head) are replaced. Meanwhile the
+    worker's NCCL env lost its LD_PRELOAD: the lane's container check refuses to start it, in
+    seconds and naming the rank and the reason, until the converge writes the env again."""
     bed, _, _ = serving
     bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     assert _active(bed, "spark-2", "sim") != "active", "stopping the head must take the worker down"
     bed.node("spark-2", f"docker create --name {CONTAINER} sparkbed/stage:1 true >/dev/null")
     bed.node("spark-1", f"docker run -d --name {CONTAINER} --entrypoint sleep sparkbed/stage:1 600 >/dev/null")
+    bed.node("spark-2", "sed -i '/^LD_PRELOAD=/d' /etc/sparkinfra/nccl.env")
+    started = bed.node("spark-1", f"systemctl start {UNIT.format('sim')}", check=False)
+    assert started.returncode != 0, "a rank whose container check fails must not start"
+    log = bed.node("spark-1", f"journalctl -u {UNIT.format('sim')} -n 40 --no-pager -o cat").stdout
+    assert ("rank 1 on 10.213.1.2: container check: FAIL nccl: libnccl.so.2 is not loadable, the pin is 2.30.7 "
+            "(LD_PRELOAD unset)") in log, log
+    assert "rank 0 on this node: container check: PASS nccl: 2.30.7 through libnccl.so.2" in log, log
     run = bed.converge(INV, "deploys/serve.py")
     assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
     _assert_serving(bed)
@@ -323,6 +332,7 @@ FULLY_GONE = (  # what a full teardown removes from every node
     "/etc/sparkinfra/nccl.env",
     "/etc/sparkinfra/lanes",
     "/usr/local/lib/sparkinfra/lane_ctl.py",
+    "/usr/local/lib/sparkinfra/container_check.py",
     "/run/sparkinfra/lanes",
     "/var/lib/sparkinfra/lanes",
     "/etc/netplan/60-sparkinfra-fabric.yaml",

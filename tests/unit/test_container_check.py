@@ -1,0 +1,118 @@
+"""
+``scripts/container_check.py``, run as a rank's container runs it: the NCCL pin as libraries load
+it (two stand-in libnccl.so.2 builds, compiled here), the RDMA devices and a GID table in folders
+standing for /dev/infiniband and /sys/class/infiniband.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from spark_cluster import load_cluster
+
+from sparkinfra import serving
+from sparkinfra.lanes import find_lane
+
+SOURCE = Path(__file__).resolve().parents[2] / "sparkbed" / "standins" / "nccl_standin.c"
+
+
+@pytest.fixture(scope="module")
+def nccl(tmp_path_factory) -> dict[str, Path]:
+    """libnccl.so.2 stand-ins reporting 2.30.7 (the pin) and 2.29.7 (an image's own copy)."""
+    cc = shutil.which("cc") or pytest.skip("no C compiler")
+    built = {}
+    for version in ("2.30.7", "2.29.7"):
+        major, minor, patch = (int(x) for x in version.split("."))
+        out = tmp_path_factory.mktemp(version) / "libnccl.so.2"
+        subprocess.run([cc, "-shared", "-fPIC", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
+                        "-Wl,-soname,libnccl.so.2", "-o", str(out), str(SOURCE)], check=True)
+        built[version] = out
+    return built
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-S", str(serving.CONTAINER_CHECK_SOURCE), *args], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"], **env}, timeout=60)
+
+
+def test_the_pin_preloaded_passes(nccl):
+    done = run("--nccl-version", "2.30.7", LD_PRELOAD=str(nccl["2.30.7"]), VLLM_NCCL_SO_PATH=str(nccl["2.30.7"]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("container check: PASS nccl: 2.30.7 through libnccl.so.2, VLLM_NCCL_SO_PATH ")
+
+
+def test_the_images_own_copy_is_named_with_its_version(nccl):
+    """What LD_PRELOAD reaching only one path looks like: libraries that load libnccl.so.2 by name
+    get the image's copy while VLLM_NCCL_SO_PATH still names the pin."""
+    done = run("--nccl-version", "2.30.7", LD_PRELOAD=str(nccl["2.29.7"]), VLLM_NCCL_SO_PATH=str(nccl["2.30.7"]))
+    assert done.returncode == 1
+    assert f"FAIL nccl: libnccl.so.2 is 2.29.7, the pin is 2.30.7 (LD_PRELOAD {nccl['2.29.7']})" in done.stdout
+
+
+def test_no_pin_and_no_copy_is_not_loadable():
+    done = run("--nccl-version", "2.30.7")
+    assert done.returncode == 1 and "FAIL nccl: libnccl.so.2 is not loadable, the pin is 2.30.7 (LD_PRELOAD unset)" in done.stdout
+
+
+@pytest.fixture
+def fabric(tmp_path, monkeypatch):
+    """The check module with /dev/infiniband and /sys/class/infiniband in ``tmp_path``: HCA roce0,
+    port 1 ACTIVE, GID rows 0 (IPv6 link-local, RoCE v1) and 3 (10.0.0.1, RoCE v2)."""
+    spec = importlib.util.spec_from_file_location("container_check", serving.CONTAINER_CHECK_SOURCE)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "uverbs0").touch()
+    port = tmp_path / "sys" / "roce0" / "ports" / "1"
+    for part in ("gids", "gid_attrs/types"):
+        (port / part).mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    for index, gid, kind in ((0, "fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
+                             (3, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2")):
+        (port / "gids" / str(index)).write_text(gid + "\n")
+        (port / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
+    monkeypatch.setattr(check, "DEVICES", str(tmp_path / "dev"))
+    monkeypatch.setattr(check, "SYSFS", str(tmp_path / "sys"))
+    monkeypatch.setenv("NCCL_IB_HCA", "=roce0:1")
+    monkeypatch.setenv("VLLM_HOST_IP", "10.0.0.1")
+    monkeypatch.setenv("NCCL_IB_GID_INDEX", "3")
+    return check, tmp_path
+
+
+def test_devices_port_and_gid_row_pass(fabric):
+    check, _ = fabric
+    assert check.check_rdma(1) == (True, "uverbs0; roce0 port 1 ACTIVE")
+    assert check.check_gid(1) == (True, "row 3 of roce0 port 1 is RoCE v2 for 10.0.0.1")
+
+
+def test_a_gid_index_of_another_row_is_refused(fabric, monkeypatch):
+    check, _ = fabric
+    monkeypatch.setenv("NCCL_IB_GID_INDEX", "0")
+    ok, detail = check.check_gid(1)
+    assert not ok and "row 0 of roce0 port 1 is fe80:0000:0000:0000:0000:0000:0000:0001 (IB/RoCE v1), not RoCE v2" in detail
+
+
+def test_no_device_in_the_container_and_a_port_down_are_named(fabric):
+    check, root = fabric
+    (root / "sys" / "roce0" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    assert check.check_rdma(1) == (False, "roce0 port 1: 1: DOWN")
+    (root / "dev" / "uverbs0").unlink()
+    ok, detail = check.check_rdma(1)
+    assert not ok and detail.startswith(f"no {root}/dev/uverbs* in the container")
+
+
+def test_every_rank_of_a_lane_using_rdma_checks_it(tmp_path):
+    """The plan hands the check its arguments: the pin, and RDMA only where the lane uses it."""
+    cluster = load_cluster(tmp_path, {"model": "Sebesky/MiniMax-M3-W4A16-GPTQ",
+                                      "drafter": "Sebesky/MiniMax-M3-EAGLE3-RTN-INT4"})
+    for plan in serving.rank_plans(find_lane("pair-a-balanced"), cluster):
+        assert plan.runner_plan()["container_check"]["args"] == ["--nccl-version", cluster.config.nccl_version,
+                                                                "--rdma", "--rdma-port", "1"]
+    cpu = find_lane("sim").model_copy(update={"model": cluster.config.model, "nodes": 2})
+    assert {tuple(p.check_args) for p in serving.rank_plans(cpu, cluster)} == {("--nccl-version", cluster.config.nccl_version)}
