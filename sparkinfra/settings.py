@@ -41,6 +41,11 @@ def _rule(key: str, message: str, host: str | None = None, source: str | None = 
     return PydanticCustomError("settings", message, {"key": key, "host": host or "", "source": source or key})
 
 
+# What several keys' values must look like.
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # an environment variable's name
+CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # docker's rule for a container's name
+ABSOLUTE = r"^/"  # a path on the nodes
+
 # The field reports' NCCL environment (seed 004); per-node values are added by prepare.
 DEFAULT_NCCL_ENV = {
     "NCCL_IB_DISABLE": "0",
@@ -100,8 +105,7 @@ class HostSettings(BaseModel):
         "2.30.7", pattern=r"^\d+\.\d+\.\d+$", description="NCCL version every node must load."
     )
     nccl_library: str = Field(
-        "/opt/nccl/lib/libnccl.so.2",
-        pattern=r"^/",
+        "/opt/nccl/lib/libnccl.so.2", pattern=ABSOLUTE,
         description="The pinned libnccl.so.2 on each node (mounted at the same path into lanes).",
     )
     nccl_library_upload: str = Field(
@@ -109,14 +113,12 @@ class HostSettings(BaseModel):
     )
 
     container_name: str = Field(
-        "vllm_node",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        description="Name of a lane's container on every node (stale ones are removed).",
+        "vllm_node", pattern=CONTAINER_NAME, description="Name of a lane's container on every node (stale ones are removed)."
     )
 
     # Preflight (deploys/preflight.py)
     model_dir: str = Field(
-        "/var/lib/sparkinfra/hf", pattern=r"^/", description="Where model snapshots live on every node."
+        "/var/lib/sparkinfra/hf", pattern=ABSOLUTE, description="Where model snapshots live on every node."
     )
     preflight_free_gb: float = Field(
         240, ge=0, description="Free disk needed under model_dir (the staged models' size)."
@@ -138,9 +140,7 @@ class HostSettings(BaseModel):
     drafter: str = Field("", description="Drafter model repository id; empty: none.")
     drafter_revision: str = Field("main", description="Pinned revision (commit) of the drafter.")
     hf_token_env: str = Field(
-        "HF_TOKEN",
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="Controller environment variable holding the Hugging Face token.",
+        "HF_TOKEN", pattern=f"^{ENV_NAME}$", description="Controller environment variable holding the Hugging Face token."
     )
     hf_endpoint: str = Field(
         "", pattern=r"^(https?://\S+)?$", description="Hub the head downloads from (HF_ENDPOINT, e.g. a mirror); empty: huggingface.co."
@@ -153,15 +153,14 @@ class HostSettings(BaseModel):
 
     # Serving (deploys/lane.py)
     api_key_env: str = Field(
-        "",
-        pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
+        "", pattern=f"^({ENV_NAME})?$",
         description="Controller environment variable holding the API key the head serves with; empty: no key.",
     )
     lane: str = Field("", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none.")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="This cluster's GMU for every lane; empty: the lane's own value."
     )
-    lane_env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+    lane_env: dict[Annotated[str, Field(pattern=f"^{ENV_NAME}$")], str] = Field(
         {}, description="Environment of every lane on this cluster, over the lane's own env (e.g. a tuned "
         "VLLM_CPU_KVCACHE_SPACE)."
     )
@@ -288,33 +287,20 @@ class Cluster(BaseModel):
     def _check_nodes(self) -> "Cluster":
         seen_ranks: dict[int, str] = {}
         seen_ips: dict[IPv4Address, str] = {}
+        subnet = self.fabric.subnet
         for node in self.nodes:
-            if node.rank in seen_ranks:
-                raise _rule(
-                    "rank",
-                    f"rank {node.rank} is given to both {seen_ranks[node.rank]} and {node.name}",
-                    node.name,
-                )
+            ip = node.fabric_ip
+            rules = (  # (key, broken, why), in the order they are reported
+                ("rank", node.rank in seen_ranks, f"rank {node.rank} is given to both {seen_ranks.get(node.rank)} and {node.name}"),
+                ("fabric_ip", ip not in subnet, f"{ip} is outside the fabric subnet {subnet}"),
+                ("fabric_ip", ip in (subnet.network_address, subnet.broadcast_address), f"{ip} is not a host address of {subnet}"),
+                ("fabric_ip", ip in seen_ips, f"{ip} is given to both {seen_ips.get(ip)} and {node.name}"),
+            )
+            for key, broken, why in rules:
+                if broken:
+                    raise _rule(key, why, node.name)
             seen_ranks[node.rank] = node.name
-            if node.fabric_ip not in self.fabric.subnet:
-                raise _rule(
-                    "fabric_ip",
-                    f"{node.fabric_ip} is outside the fabric subnet {self.fabric.subnet}",
-                    node.name,
-                )
-            if node.fabric_ip in (self.fabric.subnet.network_address, self.fabric.subnet.broadcast_address):
-                raise _rule(
-                    "fabric_ip",
-                    f"{node.fabric_ip} is not a host address of {self.fabric.subnet}",
-                    node.name,
-                )
-            if node.fabric_ip in seen_ips:
-                raise _rule(
-                    "fabric_ip",
-                    f"{node.fabric_ip} is given to both {seen_ips[node.fabric_ip]} and {node.name}",
-                    node.name,
-                )
-            seen_ips[node.fabric_ip] = node.name
+            seen_ips[ip] = node.name
         if 0 not in seen_ranks:
             raise _rule("rank", f"cluster {self.name} has no rank 0 (head)", self.nodes[0].name)
         missing = sorted(set(range(len(self.nodes))) - set(seen_ranks))

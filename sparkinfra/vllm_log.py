@@ -39,8 +39,6 @@ _GPU_FREE = re.compile(
     r"is less than (?:desired GPU memory utilization|the engine's budget after excluding external "
     rf"process's weights) \((?P<gmu>{_NUM}), (?P<requested>{_NUM}) GiB\)"
 )
-
-
 _CPU_FREE = re.compile(
     rf"Available memory on node (?P<node>\d+) \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup "
     rf"is less than desired CPU memory utilization \((?P<gmu>{_NUM}), (?P<requested>{_NUM}) GiB\)"
@@ -50,7 +48,6 @@ _CPU_KV_ALLOC = re.compile(
     rf"allocation is less than requested memory for kv \((?P<requested>{_NUM})(?:/(?P<budget>{_NUM}))? GiB\)"
 )
 
-
 # Too low: the KV pool cannot hold one request of max_model_len.
 _V1_TOO_LOW = re.compile(
     r"To serve at least one request with the models?'s max seq len \((?P<max_len>\d+)\),? \(?"
@@ -58,8 +55,6 @@ _V1_TOO_LOW = re.compile(
     rf"\((?P<available>{_NUM}) GiB\)\.?(?: Based on the available memory, the estimated maximum "
     r"model length is (?P<estimate>\d+)\.)?"
 )
-
-
 _V0_TOO_LOW = re.compile(
     r"The model's max seq len \((?P<max_len>\d+)\) is larger than the maximum number of tokens that "
     r"can be stored in KV cache \((?P<tokens>\d+)\)"
@@ -68,11 +63,8 @@ _NO_CACHE_MEMORY = re.compile(
     r"No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory"
 )
 
-
 # Facts of a start that went through.
 _KV_SIZE = re.compile(r"\b(?P<pool>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens")
-
-
 _CONCURRENCY = re.compile(rf"Maximum concurrency for (?P<max_len>[\d,]+) tokens per request: (?P<x>{_NUM})x")
 _AVAILABLE_KV = re.compile(rf"Available KV cache memory: (?P<gib>{_NUM}) GiB")
 _CPU_KV_SET = re.compile(
@@ -81,21 +73,15 @@ _CPU_KV_SET = re.compile(
 _AUTO_FIT = re.compile(r"Auto-fit max_model_len: reduced from (?P<old>\d+) to (?P<new>\d+)")
 _STARTED = re.compile(r"Application startup complete")
 
-
 # Context.
 _VERSION = re.compile(
     r"Initializing an? (?:V\d )?LLM engine \(v(?P<v>[^)\s]+)\)|vLLM (?:API )?server version (?P<v2>[^\s,]+)"
 )
-
-
 _GMU_ARG = re.compile(rf"'gpu_memory_utilization': (?P<gmu>{_NUM})|--gpu-memory-utilization[= ](?P<gmu2>{_NUM})")
 _MAX_SEQ = re.compile(r"\bmax_seq_len=(?P<n>\d+)")
 
-
 # Anything else that ends a start.
 _ERROR = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception)(?:\([^)]*\))?: \S")
-
-
 _FATAL = re.compile(
     r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start|"
     r"CUDA out of memory|OutOfMemoryError|Traceback \(most recent call last\)"
