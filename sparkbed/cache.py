@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .layout import CACHE, log, run
+from .layout import CACHE, STANDINS, log, run
 
 
 # The base root filesystem
@@ -134,6 +134,7 @@ def build_image_rootfs() -> None:
     marker = IMAGE_ROOTFS / ".sparkbed-ready"
     if marker.exists():
         _write_vllm_wrapper()
+        _write_image_nccl()
         return
     if IMAGE_ROOTFS.exists():
         shutil.rmtree(IMAGE_ROOTFS)
@@ -154,6 +155,7 @@ def build_image_rootfs() -> None:
     run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
         "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
     _write_vllm_wrapper()
+    _write_image_nccl()
     marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
     log(f"image rootfs ready in {time.monotonic() - started:.0f}s")
 
@@ -175,6 +177,24 @@ def vllm_tree() -> Path | None:
         return None
     purelib = Path(sysconfig.get_paths()["purelib"])
     return purelib if Path(spec.origin).is_relative_to(purelib) else Path(spec.origin).parents[1]
+
+
+# A lane image carries its own NCCL (pip's nvidia-nccl, the system's libnccl2): on a GB10 the one to
+# fear is 2.29.7. The bed's image has a stand-in of it where Debian's libnccl2 puts the library, so a
+# rank whose LD_PRELOAD of the pin is missing loads it by name, as on a Spark.
+IMAGE_NCCL_VERSION = "2.29.7"
+IMAGE_NCCL = "usr/lib/x86_64-linux-gnu/libnccl.so.2"
+
+
+def _write_image_nccl() -> None:
+    target = IMAGE_ROOTFS / IMAGE_NCCL
+    if target.exists():
+        return
+    major, minor, patch = (int(x) for x in IMAGE_NCCL_VERSION.split("."))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    run("cc", "-shared", "-fPIC", "-O2", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
+        "-Wl,-soname,libnccl.so.2", "-o", str(target), str(STANDINS / "nccl_standin.c"))
+    run("ldconfig", "-r", str(IMAGE_ROOTFS))
 
 
 def _write_vllm_wrapper() -> None:

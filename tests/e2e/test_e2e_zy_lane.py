@@ -146,8 +146,9 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
 def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(serving):
     """Stopping the head's unit takes the worker down; containers left with the lane's name (a
     stopped placeholder on the worker, a stray one running on the head) are replaced. Meanwhile the
-    worker's NCCL env lost its LD_PRELOAD: the lane's container check refuses to start it, in
-    seconds and naming the rank and the reason, until the converge writes the env again."""
+    worker's NCCL env lost its LD_PRELOAD, so libnccl.so.2 is the image's own copy (the bed's image
+    carries a 2.29.7 stand-in, as a Spark image carries pip's): the lane's container check refuses to
+    start it, in seconds and naming the rank and the version, until the converge writes the env again."""
     bed, _, _ = serving
     bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     assert _active(bed, "spark-2", "sim") != "active", "stopping the head must take the worker down"
@@ -157,7 +158,7 @@ def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(servi
     started = bed.node("spark-1", f"systemctl start {UNIT.format('sim')}", check=False)
     assert started.returncode != 0, "a rank whose container check fails must not start"
     log = bed.node("spark-1", f"journalctl -u {UNIT.format('sim')} -n 40 --no-pager -o cat").stdout
-    assert ("rank 1 on 10.213.1.2: container check: FAIL nccl: libnccl.so.2 is not loadable, the pin is 2.30.7 "
+    assert ("rank 1 on 10.213.1.2: container check: FAIL nccl: libnccl.so.2 is 2.29.7, the pin is 2.30.7 "
             "(LD_PRELOAD unset)") in log, log
     assert "rank 0 on this node: container check: PASS nccl: 2.30.7 through libnccl.so.2" in log, log
     run = bed.converge(INV, "deploys/serve.py")
