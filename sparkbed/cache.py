@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .layout import CACHE, STANDINS, log, run
+from .layout import CACHE, compile_nccl_standin, log, run
 
 
 # The base root filesystem
@@ -187,14 +187,9 @@ IMAGE_NCCL = "usr/lib/x86_64-linux-gnu/libnccl.so.2"
 
 
 def _write_image_nccl() -> None:
-    target = IMAGE_ROOTFS / IMAGE_NCCL
-    if target.exists():
-        return
-    major, minor, patch = (int(x) for x in IMAGE_NCCL_VERSION.split("."))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    run("cc", "-shared", "-fPIC", "-O2", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
-        "-Wl,-soname,libnccl.so.2", "-o", str(target), str(STANDINS / "nccl_standin.c"))
-    run("ldconfig", "-r", str(IMAGE_ROOTFS))
+    if not (IMAGE_ROOTFS / IMAGE_NCCL).exists():
+        compile_nccl_standin(IMAGE_NCCL_VERSION, IMAGE_ROOTFS / IMAGE_NCCL)
+        run("ldconfig", "-r", str(IMAGE_ROOTFS))
 
 
 def _write_vllm_wrapper() -> None:

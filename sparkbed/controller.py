@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .cache import SIM_MODEL, SIM_REVISION, build_tiny_model
-from .layout import (CACHE, CONTROLLER_DIR, MGMT_GATEWAY, MGMT_NS, STANDINS, STATE, _enter_own_cgroup, run,
+from .layout import (CACHE, CONTROLLER_DIR, MGMT_GATEWAY, MGMT_NS, STATE, _enter_own_cgroup, compile_nccl_standin,
                      sim_nodes)
 
 
@@ -30,13 +30,7 @@ def nccl_standin(version: str) -> Path:
 
 def build_nccl_standins() -> None:
     for version in NCCL_STANDIN_VERSIONS:
-        major, minor, patch = (int(x) for x in version.split("."))
-        out = nccl_standin(version)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        run(
-            "cc", "-shared", "-fPIC", "-O2", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
-            "-Wl,-soname,libnccl.so.2", "-o", str(out), str(STANDINS / "nccl_standin.c"),
-        )
+        compile_nccl_standin(version, nccl_standin(version))
 
 
 # SSH to the nodes, and pyinfra's inventory entries

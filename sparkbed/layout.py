@@ -79,6 +79,15 @@ def run(*args: str, check: bool = True, capture: bool = False, **kwargs) -> subp
     )
 
 
+def compile_nccl_standin(version: str, out: Path) -> Path:
+    """Build ``standins/nccl_standin.c`` as a ``libnccl.so.2`` whose ``ncclGetVersion`` reports ``version``."""
+    major, minor, patch = (int(x) for x in version.split("."))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run("cc", "-shared", "-fPIC", "-O2", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
+        "-Wl,-soname,libnccl.so.2", "-o", str(out), str(STANDINS / "nccl_standin.c"))
+    return out
+
+
 def node_dir(name: str) -> Path:
     return NODES_DIR / name
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,24 +15,14 @@ from pathlib import Path
 import pytest
 from spark_cluster import load_cluster
 
+from sparkbed.layout import compile_nccl_standin
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
-
-SOURCE = Path(__file__).resolve().parents[2] / "sparkbed" / "standins" / "nccl_standin.c"
-
 
 @pytest.fixture(scope="module")
 def nccl(tmp_path_factory) -> dict[str, Path]:
     """libnccl.so.2 stand-ins reporting 2.30.7 (the pin) and 2.29.7 (an image's own copy)."""
-    cc = shutil.which("cc") or pytest.skip("no C compiler")
-    built = {}
-    for version in ("2.30.7", "2.29.7"):
-        major, minor, patch = (int(x) for x in version.split("."))
-        out = tmp_path_factory.mktemp(version) / "libnccl.so.2"
-        subprocess.run([cc, "-shared", "-fPIC", f"-DSTANDIN_NCCL_VERSION_CODE={major * 10000 + minor * 100 + patch}",
-                        "-Wl,-soname,libnccl.so.2", "-o", str(out), str(SOURCE)], check=True)
-        built[version] = out
-    return built
+    return {v: compile_nccl_standin(v, tmp_path_factory.mktemp(v) / "libnccl.so.2") for v in ("2.30.7", "2.29.7")}
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess:
