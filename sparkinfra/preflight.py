@@ -136,15 +136,15 @@ def rdma_check(host_name: str, probe: dict, lane: lanes.Lane) -> Check:
     if not lane.container.rdma:
         return Check(host_name, "rdma", True, f"not used: lane {lane.name} says container.rdma: false")
     found = (probe.get("rdma") or "").split()
-    where = RDMA_DEVICES
     if not any(d.startswith("uverbs") for d in found):
         return Check(host_name, "rdma", False,
-                     f"no uverbs device in {where} ({' '.join(found) or 'empty'}): the RDMA driver is not loaded, "
-                     f"lane {lane.name}'s NCCL could not open the HCA in its container")
+                     f"no uverbs device in {RDMA_DEVICES} ({' '.join(found) or 'empty'}): the RDMA driver is not "
+                     f"loaded, lane {lane.name}'s NCCL could not open the HCA in its container")
     if "rdma_cm" not in found:
-        return Check(host_name, "rdma", False, f"no rdma_cm in {where} (the rdma_ucm module is not loaded): "
+        return Check(host_name, "rdma", False, f"no rdma_cm in {RDMA_DEVICES} (the rdma_ucm module is not loaded): "
                                                f"lane {lane.name}'s NCCL could not connect over RoCE")
-    return Check(host_name, "rdma", True, f"{' '.join(sorted(found))} in {where}, given to lane {lane.name}'s container")
+    return Check(host_name, "rdma", True,
+                 f"{' '.join(sorted(found))} in {RDMA_DEVICES}, given to lane {lane.name}'s container")
 
 
 def _listener(line: str) -> dict[str, str]:

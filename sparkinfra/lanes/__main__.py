@@ -10,8 +10,10 @@ import argparse
 import sys
 
 from ..run import load_files
+from ..settings import SettingsError
 from .eugr import import_eugr
 from .render import lane_yaml
+from .checks import check_lane
 from .schema import LaneError, find_lane
 from .show import show
 
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             return _show(args.inventory, args.data, args.lane)
         lane = import_eugr(args.file)
-    except (LaneError, ValueError) as exc:
+    except (LaneError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(f"# Imported from {args.file}; save as lanes/{lane.name}.yaml\n{lane_yaml(lane)}")
@@ -45,9 +47,10 @@ def _show(inventory: str, data: list[str], name: str | None) -> int:
         return 1
     refused = False
     for i, cluster in enumerate(clusters):
-        text = show(find_lane(name or cluster.config.lane), cluster)
-        refused = refused or "  REFUSED by a converge: " in text
-        sys.stdout.write(("\n" if i else "") + text)
+        lane = find_lane(name or cluster.config.lane)
+        problems = check_lane(lane, cluster)
+        refused = refused or bool(problems)
+        sys.stdout.write(("\n" if i else "") + show(lane, cluster, problems))
     return 1 if refused else 0
 
 

@@ -23,10 +23,11 @@ SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 GID_LATER = "<read on the node by deploys/prepare.py: the RoCE v2 row of its fabric IPv4>"
 
 
-def show(lane: Lane, cluster: Cluster) -> str:
+def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str:
     """The text of ``python -m sparkinfra.lanes show`` for ``lane`` on ``cluster``, headed by what would
-    make a converge refuse it (``check_lane``)."""
+    make a converge refuse it (``problems``; by default ``check_lane``'s)."""
     config = cluster.config
+    problems = check_lane(lane, cluster) if problems is None else problems
     plans = serving.rank_plans(lane, cluster)
     revisions = [f"model {config.model} @ {config.model_revision}" if config.model else "model: none set (settings: model)"]
     if config.drafter:
@@ -35,14 +36,14 @@ def show(lane: Lane, cluster: Cluster) -> str:
         f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {plans[0].digest}",
         "  " + "; ".join(revisions),
         "  nothing was connected: what depends on a node (its GID index) is read there by the deploys",
-        *(f"  REFUSED by a converge: {problem}" for problem in check_lane(lane, cluster)),
+        *(f"  REFUSED by a converge: {problem}" for problem in problems),
     ]
+    nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, GID_LATER)  # the same on every node
     for plan in plans:
         node = plan.node
         role = f"serves the API on :{plan.api_port}" if plan.is_head else f"headless, joins {plan.head_ip}"
         out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {serving.unit_name(lane.name)}"]
         out += ["  " + line for line in docker_lines(plan)]
-        nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, GID_LATER)
         out += _env_file(NCCL_ENV_FILE, nccl)
         out += _env_file(serving.env_path(lane.name), plan.env)
         if plan.api_key_file:

@@ -70,3 +70,8 @@ def test_cli_shows_the_settings_lane_and_says_what_a_converge_would_refuse(capsy
 def test_cli_without_a_lane_anywhere(capsys):
     assert main(["show", "--inventory", "inventory/pair.py"]) == 1  # the pair's data names none
     assert "no cluster of inventory/pair.py names a lane" in capsys.readouterr().err
+
+
+def test_cli_refuses_bad_settings_with_the_file_and_key(capsys):
+    assert main(["show", "--inventory", "inventory/sim.py", "--data", "fabric_mtu=70000"]) == 1
+    assert "error: --data, key 'fabric_mtu' (host spark-1): " in capsys.readouterr().err
