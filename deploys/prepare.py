@@ -68,7 +68,7 @@ nccl_environment(
     path=NCCL_ENV_FILE,
     variables=nccl_variables(cluster),
     overrides=config.nccl_env_overrides,
-    rdma_device=fabric.rdma_devices[0],
+    rdma_devices=list(fabric.rdma_devices),
     rdma_port=fabric.rdma_port,
     fabric_ip=str(node.fabric_ip),
     interface=fabric.interface,

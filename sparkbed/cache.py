@@ -180,15 +180,21 @@ def vllm_tree() -> Path | None:
 
 
 # A lane image carries its own NCCL (pip's nvidia-nccl, the system's libnccl2): on a GB10 the one to
-# fear is 2.29.7. The bed's image has a stand-in of it where Debian's libnccl2 puts the library, so a
-# rank whose LD_PRELOAD of the pin is missing loads it by name, as on a Spark.
+# fear is 2.29.7. The bed's image has a stand-in of it at both places, so a rank whose LD_PRELOAD of
+# the pin is missing loads the system's by name, and one without the pin mounted over pip's copy
+# loads that by path (as torch does), as on a Spark.
 IMAGE_NCCL_VERSION = "2.29.7"
-IMAGE_NCCL = "usr/lib/x86_64-linux-gnu/libnccl.so.2"
+IMAGE_NCCL = (
+    "usr/lib/x86_64-linux-gnu/libnccl.so.2",
+    "usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+)
 
 
 def _write_image_nccl() -> None:
-    if not (IMAGE_ROOTFS / IMAGE_NCCL).exists():
-        compile_nccl_standin(IMAGE_NCCL_VERSION, IMAGE_ROOTFS / IMAGE_NCCL)
+    missing = [path for path in IMAGE_NCCL if not (IMAGE_ROOTFS / path).exists()]
+    for path in missing:
+        compile_nccl_standin(IMAGE_NCCL_VERSION, IMAGE_ROOTFS / path)
+    if missing:
         run("ldconfig", "-r", str(IMAGE_ROOTFS))
 
 

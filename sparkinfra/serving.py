@@ -117,6 +117,7 @@ class RankPlan:
     warmup: tuple[dict, ...]  # the head's: one request per workload shape
     liveness_interval: int  # seconds between the head's one-token completions
     check_args: tuple[str, ...] = ()  # container_check.py's: the pinned NCCL, whether RDMA is checked
+    nccl_pin: str = ""  # the pinned library, mounted by lane_ctl over every other libnccl.so* in the container
     liveness_timeout: int = 60
     watch_interval: int = 5  # seconds between the head's checks of its workers
     watch_grace: int = 20  # seconds a worker may take to come up before the watch counts it
@@ -154,11 +155,13 @@ class RankPlan:
             "liveness_interval": self.liveness_interval,
             "liveness_timeout": self.liveness_timeout,
             "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args)},
+            "nccl_pin": self.nccl_pin,
         }
         return {**plan, "digest": self.digest} if self.digest else plan
 
     def docker_run(self) -> list[str]:
-        """The rank's ``docker run`` argv, as ``lane_ctl.py run`` builds it from ``runner_plan``."""
+        """The rank's ``docker run`` argv, as ``lane_ctl.py run`` builds it from ``runner_plan`` (which
+        also mounts ``nccl_pin`` over each other ``libnccl.so*`` it finds in the container)."""
         return ["docker", "run", "--rm", "--name", self.container, *self.docker_options, self.image, *self.command]
 
     def unit_values(self) -> dict:
@@ -240,6 +243,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
             liveness_interval=config.lane_liveness_interval,
+            nccl_pin=config.nccl_library,
             check_args=("--nccl-version", config.nccl_version,
                         *(("--rdma", "--rdma-port", str(cluster.fabric.rdma_port)) if lane.container.rdma else ())),
             # A headless rank has no request to finish, and once rank 0 is gone vLLM's executor

@@ -1,7 +1,8 @@
 #!/usr/bin/python3 -Xstand-in=sparkinfra-test-bed
 """
 STAND-IN (sparkinfra test bed): keeps a fabricated /sys/class/infiniband tree in step with the
-fabric interface's live state, the way mlx5 fills a ConnectX-7 port's GID table.
+fabric interface's live state, the way mlx5 fills a ConnectX-7 port's GID table, and makes the
+/dev/infiniband device nodes (uverbs per HCA, rdma_cm) a lane's container is given.
 
 Rows 0/1 are the MAC-derived link-local GID (RoCE v1, RoCE v2); every other address of the
 netdev takes the first free pair of rows when it appears (v1 then v2) and frees it when it goes.
@@ -12,6 +13,7 @@ show the same table, as on a Spark.
 import ipaddress
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -45,6 +47,20 @@ def fabricate_class_dir():
         (CLASS / entry).mkdir()
         sh("mount", "--bind", str(SAVED / entry), str(CLASS / entry))
     (CLASS / "infiniband").mkdir()
+
+
+def make_devices():
+    """The verbs device nodes mlx5 and rdma_ucm give a Spark (one uverbs per HCA, rdma_cm): what
+    ``docker run --device /dev/infiniband`` hands a lane's container. Nothing opens them on the bed."""
+    folder = Path("/dev/infiniband")
+    folder.mkdir(exist_ok=True)
+    nodes = {f"uverbs{i}": (231, 192 + i) for i in range(len(DEVICES))}
+    nodes["rdma_cm"] = (10, 58)
+    for name, (major, minor) in nodes.items():
+        path = folder / name
+        if not path.exists():
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            path.chmod(0o666)
 
 
 def gid_of(address):
@@ -129,6 +145,7 @@ def render():
 
 def main():
     fabricate_class_dir()
+    make_devices()
     render()
     Path("/run/sparkbed/gid_ready").touch()  # the unit's ExecStartPost waits for the first table
     monitor = subprocess.Popen(["ip", "-o", "monitor", "link", "address"], stdout=subprocess.PIPE, text=True)

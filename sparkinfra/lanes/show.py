@@ -21,6 +21,12 @@ from .schema import Lane
 # A variable whose name says it holds a credential is shown masked.
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 GID_LATER = "<read on the node by deploys/prepare.py: the RoCE v2 row of its fabric IPv4>"
+PIN_OVER = "<each other libnccl.so* file in the container>"
+PIN_NOTE = (
+    "{over}: found by the lane's runner in the image and the lane's mounts before the first start\n"
+    "  (pip's nvidia/nccl/lib, the system's libnccl2: what torch or Ray load by path), once per image ID;\n"
+    "  'lane_ctl.py copies {plan}' on the node lists them"
+)
 
 
 def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str:
@@ -44,6 +50,8 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str
         role = f"serves the API on :{plan.api_port}" if plan.is_head else f"headless, joins {plan.head_ip}"
         out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {serving.unit_name(lane.name)}"]
         out += ["  " + line for line in docker_lines(plan)]
+        if plan.nccl_pin:
+            out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=serving.plan_path(lane.name))]
         out += _env_file(NCCL_ENV_FILE, nccl)
         out += _env_file(serving.env_path(lane.name), plan.env)
         if plan.api_key_file:
@@ -60,7 +68,8 @@ def docker_lines(plan: serving.RankPlan) -> list[str]:
     image_at = start + len(plan.docker_options)
     command = argv[image_at + 1:]
     words = next((i for i, a in enumerate(command) if a.startswith("-")), len(command))
-    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), argv[image_at]]
+    pinned = [f"-v {shlex.quote(f'{plan.nccl_pin}:{PIN_OVER}:ro')}"] if plan.nccl_pin else []
+    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), *pinned, argv[image_at]]
     lines += [" ".join(command[:words]), *_paired(command[words:])] if command else []
     return [lines[0] + " \\", *(f"    {line} \\" for line in lines[1:-1]), f"    {lines[-1]}"]
 

@@ -55,43 +55,55 @@ def nccl_env(variables: dict[str, str], overrides: dict[str, str | None], gid_in
     return env
 
 
+def _table(rows: list[dict] | None) -> str:
+    if rows is None:
+        return "no table"
+    return "; ".join(f"{r['index']}: {r['gid']} {r['type']} {r['ndev']}" for r in rows) or "no populated rows"
+
+
 @operation()
 def nccl_environment(
     path: str,
     variables: dict[str, str],
     overrides: dict[str, str | None],
-    rdma_device: str,
+    rdma_devices: list[str],
     rdma_port: int,
     fabric_ip: str,
     interface: str,
 ):
     """
     Ensure the node's NCCL env file (root, 0600) holds ``variables`` plus this node's RoCE
-    GID index, read from the port's GID table now (it differs per node).
+    GID index, read from each HCA's GID table now (it differs per node). NCCL takes one
+    ``NCCL_IB_GID_INDEX`` for every HCA it uses: HCAs whose rows differ are refused, both tables shown.
 
     + path: the env file (``EnvironmentFile=`` of the lane units)
     + variables: everything but the GID index, decided by the caller
     + overrides: applied last; a ``None`` value removes the variable
-    + rdma_device, rdma_port: where to read the GID table
+    + rdma_devices, rdma_port: the HCAs NCCL uses (``NCCL_IB_HCA``) and their port
     + fabric_ip, interface: the RoCE v2 row that carries this IPv4 on this netdev is the one
     """
-    rows = gathered(host, RoceGidTable, device=rdma_device, port=rdma_port)
-    index = roce_v2_index(rows or [], fabric_ip, interface)
-    if index is None:
+    tables = {device: gathered(host, RoceGidTable, device=device, port=rdma_port) for device in rdma_devices}
+    indexes = {device: roce_v2_index(rows or [], fabric_ip, interface) for device, rows in tables.items()}
+    missing = [device for device, index in indexes.items() if index is None]
+    if missing:
         if preparing():
             # The fabric address may only be set by an earlier operation of this run.
             yield StringCommand("echo", f"GID index of {fabric_ip} is read once the address is set")
             return
-        table = (
-            "; ".join(f"{r['index']}: {r['gid']} {r['type']} {r['ndev']}" for r in rows)
-            if rows else "no table" if rows is None else "no populated rows"
-        )
+        device = missing[0]
         yield from refuse(
-            f"{host.name}: {rdma_device} port {rdma_port} has no RoCE v2 GID for {fabric_ip} "
-            f"on {interface}; the table holds: {table}"
+            f"{host.name}: {device} port {rdma_port} has no RoCE v2 GID for {fabric_ip} "
+            f"on {interface}; the table holds: {_table(tables[device])}"
         )
         return
-    env = nccl_env(variables, overrides, str(index))
+    if len(set(indexes.values())) > 1:
+        yield from refuse(
+            f"{host.name}: the RoCE v2 GID of {fabric_ip} is at different rows on the HCAs NCCL uses "
+            f"(one NCCL_IB_GID_INDEX serves them all): "
+            + " | ".join(f"{device} row {indexes[device]}: {_table(tables[device])}" for device in rdma_devices)
+        )
+        return
+    env = nccl_env(variables, overrides, str(indexes[rdma_devices[0]]))
     yield from file_content._inner(
         path=path, mode="600", content=render("etc/sparkinfra/nccl.env.j2", variables=sorted(env.items())),
     )

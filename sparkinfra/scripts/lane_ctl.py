@@ -11,6 +11,8 @@ its parts (start order, watch, liveness, trials, status) cannot be modules of th
     lane_ctl.py check PLAN        this rank's container checked before vLLM runs in it: the plan's
                                   container_check.py in a throwaway container of the rank's own options
                                   (the NCCL pin as libraries load it, RDMA devices, the GID row)
+    lane_ctl.py copies PLAN       the libnccl.so* files of this rank's container that the pin is mounted
+                                  over (found once per image ID and mounts, then kept in the marks)
     lane_ctl.py run PLAN          ExecStart: the rank's container; on the head also the lane's watch:
                                   a worker unit that is not active, or an API that stops answering a
                                   one-token completion, stops the head (its unit restarts the lane)
@@ -35,6 +37,7 @@ the lane's unit and the pattern of every lane's units, its env file, the folder 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -162,13 +165,64 @@ def stop_other_lanes(p: dict) -> None:
             on_worker(worker["ip"], "systemctl", "stop", *stale, timeout=300)
 
 
+def image_id(image: str) -> str:
+    return sh("docker", "image", "inspect", "-f", "{{.Id}}", image).stdout.strip()
+
+
+def nccl_copies(p: dict) -> list[str]:
+    """
+    Every ``libnccl.so*`` file in this rank's container but the pin itself: the image's own copies
+    (pip's nvidia-nccl, the system's) and any in the lane's mounts, listed by ``container_check.py
+    --find-nccl`` in a throwaway container of the rank's options. Found once per image ID and
+    mounts, kept in the marks: a changed image is searched again. Raises RuntimeError when the
+    search fails.
+    """
+    pin = p.get("nccl_pin") or ""
+    if not pin:
+        return []
+    mounts = [o for i, o in enumerate(p["docker_options"]) if i and p["docker_options"][i - 1] == "-v"]
+    key = hashlib.sha256(json.dumps([image_id(p["image"]), mounts, pin]).encode()).hexdigest()[:16]
+    kept = mark(p, "nccl-copies")
+    if kept.exists():
+        found = json.loads(kept.read_text())
+        if found.get("key") == key:
+            return found["paths"]
+    c = p["container_check"]
+    name = f"{p['container']}-find"
+    sh("docker", "rm", "-f", name)
+    done = sh("docker", "run", "--rm", "--name", name, *p["docker_options"], "-v", f"{c['script']}:{c['mount']}:ro",
+              "--entrypoint", "python3", p["image"], c["mount"], "--find-nccl", timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"listing the libnccl copies of {p['image']} failed: {done.stderr.strip()[-300:]}")
+    paths = [line for line in done.stdout.splitlines() if line.startswith("/") and line != pin]
+    Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps({"key": key, "image": p["image"], "paths": paths}))
+    return paths
+
+
+def rank_options(p: dict) -> list[str]:
+    """The rank's ``docker run`` options: the plan's, then the pin mounted read-only over every
+    other ``libnccl.so*`` its container holds (``LD_PRELOAD`` reaches only what loads by name)."""
+    pin = p.get("nccl_pin") or ""
+    return [*p["docker_options"], *(x for path in nccl_copies(p) for x in ("-v", f"{pin}:{path}:ro"))]
+
+
+def cmd_copies(path: str) -> int:
+    print("\n".join(nccl_copies(plan(path))), flush=True)
+    return 0
+
+
 def container_check(p: dict) -> tuple[bool, list[str]]:
     """This rank's ``container_check.py`` run in a container of its own options and image: its verdict
     and lines (``container check: PASS|FAIL …``)."""
     c = p["container_check"]
     name = f"{p['container']}-check"
+    try:
+        options = rank_options(p)
+    except RuntimeError as exc:
+        return False, [f"container check: FAIL nccl: {exc}"]
     sh("docker", "rm", "-f", name)
-    done = sh("docker", "run", "--rm", "--name", name, *p["docker_options"], "-v", f"{c['script']}:{c['mount']}:ro",
+    done = sh("docker", "run", "--rm", "--name", name, *options, "-v", f"{c['script']}:{c['mount']}:ro",
               "--entrypoint", "python3", p["image"], c["mount"], *c["args"], timeout=300)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return done.returncode == 0, lines or [f"container check: FAIL docker: exit {done.returncode}"]
@@ -225,17 +279,22 @@ def cmd_post(path: str) -> int:
 
 
 def docker_run(p: dict) -> list[str]:
-    return ["docker", "run", "--rm", "--name", p["container"], *p["docker_options"], p["image"], *p["command"]]
+    return ["docker", "run", "--rm", "--name", p["container"], *rank_options(p), p["image"], *p["command"]]
 
 
 def cmd_run(path: str) -> int:
     p = plan(path)
+    try:
+        argv = docker_run(p)
+    except RuntimeError as exc:
+        say(str(exc))
+        return 1
     Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
     mark(p, "started").write_text(json.dumps({"digest": p["digest"], "at": time.time()}))
     mark(p, "warm").unlink(missing_ok=True)
     if not p["workers"] and p["rank"] > 0:
-        os.execvp("docker", docker_run(p))  # a worker rank: the container is the unit
-    child = subprocess.Popen(docker_run(p))
+        os.execvp("docker", argv)  # a worker rank: the container is the unit
+    child = subprocess.Popen(argv)
     stopping = []
 
     def _stop(signum, frame):
@@ -421,7 +480,12 @@ def trial_plan(p: dict, knob: str, value: str) -> dict:
 def cmd_trial_rank(path: str, knob: str, value: str) -> int:
     q = trial_plan(plan(path), knob, value)
     sh("docker", "rm", "-f", q["container"])
-    started = sh("docker", "run", "-d", "--name", q["container"], *q["docker_options"], q["image"], *q["command"])
+    try:
+        options = rank_options(q)
+    except RuntimeError as exc:
+        say(str(exc))
+        return 1
+    started = sh("docker", "run", "-d", "--name", q["container"], *options, q["image"], *q["command"])
     if started.returncode != 0:
         say(f"trial container did not start: {started.stderr.strip()}")
     return started.returncode
@@ -496,6 +560,8 @@ def main(argv: list[str]) -> int:
         return cmd_post(path)
     if command == "check":
         return cmd_check(path)
+    if command == "copies":
+        return cmd_copies(path)
     if command == "status":
         return cmd_status(path, probe="--local" not in argv[2:])
     if command == "wait-ready":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,53 @@ def nccl(tmp_path_factory) -> dict[str, Path]:
     return {v: compile_nccl_standin(v, tmp_path_factory.mktemp(v) / "libnccl.so.2") for v in ("2.30.7", "2.29.7")}
 
 
-def run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-S", str(serving.CONTAINER_CHECK_SOURCE), *args], capture_output=True,
-                          text=True, env={"PATH": os.environ["PATH"], **env}, timeout=60)
+def run(*args: str, root: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """The script as a container runs it; ``root`` stands for the container's / (default: an empty tree)."""
+    if root is None:
+        root = Path(env.get("LD_PRELOAD") or env.get("VLLM_NCCL_SO_PATH") or "/nonexistent").parent / "empty"
+    return subprocess.run([sys.executable, "-S", str(serving.CONTAINER_CHECK_SOURCE), *args, "--root", str(root)],
+                          capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env}, timeout=60)
+
+
+SYSTEM_COPY = "usr/lib/x86_64-linux-gnu/libnccl.so.2"
+PIP_COPY = "usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+
+
+@pytest.fixture
+def image(tmp_path, nccl) -> Path:
+    """An image's tree carrying its own 2.29.7 at the system's and pip's places (with the symlink
+    Debian's package adds), and a file that only looks like one."""
+    for copy in (SYSTEM_COPY, PIP_COPY):
+        (tmp_path / copy).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(nccl["2.29.7"], tmp_path / copy)
+    (tmp_path / SYSTEM_COPY).with_name("libnccl.so").symlink_to("libnccl.so.2")
+    (tmp_path / "usr/share/doc/libnccl.so.2.txt").parent.mkdir(parents=True)
+    (tmp_path / "usr/share/doc/libnccl.so.2.txt").write_text("not a library\n")
+    return tmp_path
+
+
+def test_every_libnccl_file_is_found_and_no_symlink(image):
+    done = run("--find-nccl", root=image)
+    assert done.stdout.split() == [str(image / SYSTEM_COPY), str(image / PIP_COPY)]
+
+
+def test_an_image_copy_the_pin_is_not_mounted_over_is_named(image, nccl):
+    """LD_PRELOAD reaches what loads libnccl.so.2 by name; torch loads pip's copy by its path."""
+    done = run("--nccl-version", "2.30.7", root=image, LD_PRELOAD=str(nccl["2.30.7"]),
+               VLLM_NCCL_SO_PATH=str(nccl["2.30.7"]))
+    assert done.returncode == 1
+    assert (f"FAIL nccl: {image / SYSTEM_COPY} is 2.29.7; {image / PIP_COPY} is 2.29.7, the pin is 2.30.7 "
+            f"(LD_PRELOAD {nccl['2.30.7']})") in done.stdout, done.stdout
+
+
+def test_the_pin_over_every_copy_passes(image, nccl):
+    for copy in (SYSTEM_COPY, PIP_COPY):  # what lane_ctl's read-only mounts make of each path
+        shutil.copy(nccl["2.30.7"], image / copy)
+    # no LD_PRELOAD: by name, the dynamic loader finds the system's path, the pin mounted over it
+    done = run("--nccl-version", "2.30.7", root=image, VLLM_NCCL_SO_PATH=str(nccl["2.30.7"]),
+               LD_LIBRARY_PATH=str((image / SYSTEM_COPY).parent))
+    assert done.returncode == 0, done.stdout
+    assert "and 2 copies in the image" in done.stdout
 
 
 def test_the_pin_preloaded_passes(nccl):
@@ -103,5 +148,7 @@ def test_every_rank_of_a_lane_using_rdma_checks_it(tmp_path):
     for plan in serving.rank_plans(find_lane("pair-a-balanced"), cluster):
         assert plan.runner_plan()["container_check"]["args"] == ["--nccl-version", cluster.config.nccl_version,
                                                                 "--rdma", "--rdma-port", "1"]
-    cpu = find_lane("sim").model_copy(update={"model": cluster.config.model, "nodes": 2})
+    sim = find_lane("sim")
+    cpu = sim.model_copy(update={"model": cluster.config.model, "nodes": 2,
+                                 "container": sim.container.model_copy(update={"rdma": False})})
     assert {tuple(p.check_args) for p in serving.rank_plans(cpu, cluster)} == {("--nccl-version", cluster.config.nccl_version)}

@@ -114,3 +114,43 @@ def test_the_runner_has_no_paths_of_its_own():
     code = source[source.index('"""', source.index('"""') + 3):]  # past the docstring
     for path in (serving.PLANS_DIR, serving.MARKS_DIR, serving.STATE_DIR, "sparkinfra-lane-"):
         assert path not in code, path
+
+
+def test_the_pin_is_mounted_over_each_copy_found_once_per_image(ctl, monkeypatch):
+    """The image is searched once per image ID (and mounts); a new image ID is searched again."""
+    ran, image = [], {"id": "sha256:aaa"}
+
+    def sh(*args, **kwargs):
+        ran.append(args)
+        if args[:3] == ("docker", "image", "inspect"):
+            return subprocess.CompletedProcess(args, 0, image["id"] + "\n", "")
+        if args[:2] == ("docker", "run"):
+            found = "/opt/nccl/lib/libnccl.so.2\n/usr/lib/x86_64-linux-gnu/libnccl.so.2\n/venv/nvidia/nccl/lib/libnccl.so.2\n"
+            return subprocess.CompletedProcess(args, 0, found, "")
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(ctl, "sh", sh)
+    p = {**_plan(ctl), "nccl_pin": "/opt/nccl/lib/libnccl.so.2",
+         "container_check": {"script": "/usr/local/lib/sparkinfra/container_check.py", "mount": "/run/check.py"}}
+    options = ctl.rank_options(p)
+    assert options[len(p["docker_options"]):] == [
+        "-v", "/opt/nccl/lib/libnccl.so.2:/usr/lib/x86_64-linux-gnu/libnccl.so.2:ro",
+        "-v", "/opt/nccl/lib/libnccl.so.2:/venv/nvidia/nccl/lib/libnccl.so.2:ro",
+    ]  # the pin itself (mounted by the plan's options) is not mounted over itself
+    searches = lambda: sum(1 for args in ran if args[:2] == ("docker", "run"))  # noqa: E731
+    assert ctl.rank_options(p) == options and searches() == 1
+    image["id"] = "sha256:bbb"
+    ctl.rank_options(p)
+    assert searches() == 2
+    assert ctl.rank_options({**p, "nccl_pin": ""}) == p["docker_options"]
+
+
+def test_a_failed_search_names_the_image(ctl, monkeypatch):
+    monkeypatch.setattr(ctl, "sh", lambda *a, **k: subprocess.CompletedProcess(a, 125, "", "docker: no such image"))
+    p = {**_plan(ctl), "nccl_pin": "/opt/nccl/lib/libnccl.so.2",
+         "container_check": {"script": "/s.py", "mount": "/run/check.py"}}
+    with pytest.raises(RuntimeError, match="listing the libnccl copies of img:1 failed: docker: no such image"):
+        ctl.rank_options(p)
+    ok, lines = ctl.container_check(p)
+    assert not ok and lines == ["container check: FAIL nccl: listing the libnccl copies of img:1 failed: "
+                                "docker: no such image"]

@@ -339,14 +339,14 @@ def test_container_options():
         "--gpus", "all", "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ipc", "host",
         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
     ]
-    rdma = find_lane("sim").model_copy(deep=True)
-    rdma.container.rdma = True  # its own memlock, if it sets one, wins over the unlimited default
+    rdma = find_lane("sim").model_copy(deep=True)  # its own memlock, if it sets one, wins over the unlimited default
     rdma.container.ulimits = {"memlock": "1024"}
     assert container_options(rdma)[:7] == ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ipc", "host",
                                            "--ulimit"]
     assert "memlock=1024" in container_options(rdma) and "memlock=-1" not in container_options(rdma)
-    assert container_options(find_lane("sim")) == ["--ipc", "host", "-v", "/var/lib/sparkbed/vllm:/opt/vllm:ro"]
     lane = find_lane("sim").model_copy(deep=True)
+    lane.container.rdma, lane.container.mounts = False, ["/var/lib/sparkbed/vllm:/opt/vllm:ro"]
+    assert container_options(lane) == ["--ipc", "host", "-v", "/var/lib/sparkbed/vllm:/opt/vllm:ro"]
     lane.container.shm_size, lane.container.ipc, lane.container.extra_args = "64g", "private", ["--cap-add", "IPC_LOCK"]
     assert container_options(lane) == [
         "--shm-size", "64g", "--ipc", "private", "-v", "/var/lib/sparkbed/vllm:/opt/vllm:ro", "--cap-add", "IPC_LOCK",

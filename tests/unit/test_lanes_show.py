@@ -11,7 +11,7 @@ import shlex
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
 from sparkinfra.lanes.__main__ import main
-from sparkinfra.lanes.show import docker_lines, show
+from sparkinfra.lanes.show import PIN_OVER, docker_lines, show
 from sparkinfra.run import load_files
 
 PAIR = ("model=Sebesky/MiniMax-M3-W4A16-GPTQ", "drafter=Sebesky/MiniMax-M3-EAGLE3-RTN-INT4")
@@ -36,15 +36,20 @@ def test_each_rank_gets_the_fabric_and_its_own_command():
     assert "model Sebesky/MiniMax-M3-W4A16-GPTQ @ main; drafter Sebesky/MiniMax-M3-EAGLE3-RTN-INT4 @ main" in text
 
 
-def test_the_lines_are_the_exact_command_the_runner_runs():
+def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
+    """What the runner runs, with the pin over each copy it finds in the image where the show
+    names them (``PIN_OVER``: found on the node, before the first start)."""
     spec = importlib.util.spec_from_file_location("lane_ctl", serving.LANE_CTL_SOURCE)
     ctl = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ctl)
+    monkeypatch.setattr(ctl, "nccl_copies", lambda p: [PIN_OVER])
     for plan in serving.rank_plans(find_lane("sim"), _cluster("inventory/sim.py")):
-        assert ctl.docker_run(plan.runner_plan()) == plan.docker_run()
+        runs, planned = ctl.docker_run(plan.runner_plan()), plan.docker_run()
+        at = planned.index(plan.image)
+        assert runs == [*planned[:at], "-v", f"{plan.nccl_pin}:{PIN_OVER}:ro", *planned[at:]]
         lines = docker_lines(plan)
         assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
-        assert shlex.split(" ".join(line.removesuffix(" \\") for line in lines)) == plan.docker_run()
+        assert shlex.split(" ".join(line.removesuffix(" \\") for line in lines)) == runs
 
 
 def test_secrets_are_not_shown(monkeypatch):
