@@ -7,6 +7,7 @@ each healed by one converge -> verify; then lane switching.
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -143,26 +144,73 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
     assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
 
 
+# Faults a Spark meets before vLLM would (each on the worker, in what the converge manages): the lane's
+# container check refuses to start any rank, in seconds, naming the rank and the reason.
+PLAN, NCCL_ENV = "/etc/sparkinfra/lanes/sim.json", "/etc/sparkinfra/nccl.env"
+EDIT_PLAN = "import json,sys; p=json.load(open(sys.argv[1])); {}; json.dump(p, open(sys.argv[1], 'w'))"
+
+
+def _edit_plan(change: str) -> str:
+    return f"python3 -c {shlex.quote(EDIT_PLAN.format(change))} {PLAN}"
+
+
+FAULTS = {
+    # docker run without --device /dev/infiniband: the HCA is not in the container
+    "rdma": _edit_plan("o=p['docker_options']; i=o.index('--device'); del o[i:i+2]"),
+    # the pin not mounted over the image's own copies (LD_PRELOAD alone: what loads by path escapes it)
+    "nccl": _edit_plan("p['nccl_pin']=''"),
+    # NCCL_IB_GID_INDEX at the link-local row (the index another node uses, or a guess)
+    "gid": f"sed -i 's/^NCCL_IB_GID_INDEX=.*/NCCL_IB_GID_INDEX=0/' {NCCL_ENV}",
+}
+REASONS = {
+    "rdma": "rank 1 on 10.213.1.2: container check: FAIL rdma: no /dev/infiniband/uverbs* in the container",
+    "nccl": ("rank 1 on 10.213.1.2: container check: FAIL nccl: /usr/lib/x86_64-linux-gnu/libnccl.so.2 is 2.29.7; "
+             "/usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib/libnccl.so.2 is 2.29.7, the pin is 2.30.7 "
+             "(LD_PRELOAD /opt/nccl/lib/libnccl.so.2)"),
+    "gid": "rank 1 on 10.213.1.2: container check: FAIL gid: row 0 of rocep1s0f0 port 1 is fe80:",
+}
+
+
+def _refused_start(bed, fault):
+    """The head's unit started with ``fault`` on the worker: (the start's exit status, its journal)."""
+    bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
+    bed.node("spark-2", f"cp -p {PLAN} {PLAN}.saved && cp -p {NCCL_ENV} {NCCL_ENV}.saved && {FAULTS[fault]}")
+    try:
+        started = bed.node("spark-1", f"systemctl start {UNIT.format('sim')}", check=False)
+        run = bed.node("spark-1", f"systemctl show -p InvocationID --value {UNIT.format('sim')}").stdout.strip()
+        log = bed.node("spark-1", f"journalctl _SYSTEMD_INVOCATION_ID={run} -o cat --no-pager").stdout
+    finally:  # the unit would restart the lane by itself once the files are right again: stop it first
+        bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
+        bed.node("spark-2", f"mv {PLAN}.saved {PLAN} && mv {NCCL_ENV}.saved {NCCL_ENV}")
+    return started.returncode, log
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_rank_whose_container_would_fail_on_a_spark_does_not_start(serving, fault):
+    """One fault at a time: only its check fails, on the worker; rank 0's passes; nothing starts."""
+    bed, _, _ = serving
+    code, log = _refused_start(bed, fault)
+    assert code != 0, f"a rank whose container check fails must not start:\n{log}"
+    assert REASONS[fault] in log, log
+    assert len(re.findall("container check: FAIL", log)) == 1, log
+    assert f"rank 0 on this node: container check: PASS {fault}: " in log, log
+    assert _container_id(bed, "spark-2") is None, "no worker container may start after a failed check"
+
+
 def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(serving):
     """Stopping the head's unit takes the worker down; containers left with the lane's name (a
-    stopped placeholder on the worker, a stray one running on the head) are replaced. Meanwhile the
-    worker's NCCL env lost its LD_PRELOAD, so libnccl.so.2 is the image's own copy (the bed's image
-    carries a 2.29.7 stand-in, as a Spark image carries pip's): the lane's container check refuses to
-    start it, in seconds and naming the rank and the version, until the converge writes the env again."""
+    stopped placeholder on the worker, a stray one running on the head) are replaced; and the three
+    faults above, at once on the worker, are healed by the same converge."""
     bed, _, _ = serving
     bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     assert _active(bed, "spark-2", "sim") != "active", "stopping the head must take the worker down"
     bed.node("spark-2", f"docker create --name {CONTAINER} sparkbed/stage:1 true >/dev/null")
     bed.node("spark-1", f"docker run -d --name {CONTAINER} --entrypoint sleep sparkbed/stage:1 600 >/dev/null")
-    bed.node("spark-2", "sed -i '/^LD_PRELOAD=/d' /etc/sparkinfra/nccl.env")
-    started = bed.node("spark-1", f"systemctl start {UNIT.format('sim')}", check=False)
-    assert started.returncode != 0, "a rank whose container check fails must not start"
-    log = bed.node("spark-1", f"journalctl -u {UNIT.format('sim')} -n 40 --no-pager -o cat").stdout
-    assert ("rank 1 on 10.213.1.2: container check: FAIL nccl: libnccl.so.2 is 2.29.7, the pin is 2.30.7 "
-            "(LD_PRELOAD unset)") in log, log
-    assert "rank 0 on this node: container check: PASS nccl: 2.30.7 through libnccl.so.2" in log, log
+    bed.node("spark-2", " && ".join(FAULTS.values()))
     run = bed.converge(INV, "deploys/serve.py")
     assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
+    assert any("plan for lane sim" in op for op in run.changed["spark-2"]), run.changed
+    assert any("NCCL environment" in op for op in run.changed["spark-2"]), run.changed
     _assert_serving(bed)
     _verify_ok(bed)
 

@@ -69,6 +69,34 @@ def test_container_has_the_nodes_env_and_pin(node):
             assert env.get(key) == value, f"{node}: lane env {key}={value!r}, container has {env.get(key)!r}"
 
 
+def test_the_pin_is_mounted_over_every_nccl_copy(node):
+    """LD_PRELOAD reaches what loads libnccl.so.2 by name; torch and Ray load their copies by path.
+    Every libnccl.so* file the running container holds is the pin, mounted read-only."""
+    config = node.cluster.config
+    found = node.root(f"docker exec {config.container_name} find / -xdev -type f -name 'libnccl.so*'")
+    assert found.rc == 0, f"{node}: {found.stderr}"
+    copies = sorted(set(found.stdout.split()) - {config.nccl_library})
+    mounts = {m["Destination"]: m for m in _inspect(node, config.container_name)["Mounts"]}
+    bare = [c for c in copies if mounts.get(c, {}).get("Source") != config.nccl_library or mounts[c]["RW"]]
+    assert not bare, f"{node}: the pin {config.nccl_library} is not mounted read-only over {bare}"
+
+
+def test_every_rank_passed_its_container_check(cluster):
+    """The head's unit checked every rank's container before this start (its journal, this run)."""
+    lane = _lane(cluster[0])
+    head = _head(cluster)
+    unit = serving.unit_name(lane.name)
+    run = head.root(f"systemctl show -p InvocationID --value {unit}").stdout.strip()
+    log = head.root(f"journalctl _SYSTEMD_INVOCATION_ID={run} -o cat --no-pager").stdout
+    checks = ["nccl", *(("rdma", "gid") if lane.container.rdma else ())]
+    for target in cluster:
+        where = "this node" if target.node.rank == 0 else str(target.node.fabric_ip)
+        for check in checks:
+            line = f"rank {target.node.rank} on {where}: container check: PASS {check}: "
+            assert line in log, f"{unit}'s journal of this start lacks {line!r}:\n{log[-3000:]}"
+    assert "container check: FAIL" not in log, log[-3000:]
+
+
 def test_rank_role(node):
     lane = _lane(node)
     info = _inspect(node, node.cluster.config.container_name)
