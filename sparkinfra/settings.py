@@ -59,6 +59,9 @@ DEFAULT_NCCL_ENV = {
     "NCCL_CUMEM_ENABLE": "0",
     "NCCL_IGNORE_CPU_AFFINITY": "1",
     "NCCL_ASYNC_ERROR_HANDLING": "1",
+    # every rank's log says its NCCL version, network, HCAs and GID index (sparkinfra.nccl_log)
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
 }
 
 

@@ -185,6 +185,9 @@ class Lane(BaseModel):
     container: Container = Field(default_factory=Container)
     warmup: list[Warmup] = Field(default_factory=list)
     startup_checks: list[str] = Field(default_factory=list, description="Regexes rank 0's start-up log shows.")
+    worker_startup_checks: list[str] = Field(
+        default_factory=list, description="Regexes every other rank's start-up log shows."
+    )
 
     _source: str | None = PrivateAttr(None)  # the file it was read from
 
@@ -229,11 +232,12 @@ class Lane(BaseModel):
         for i, flag in enumerate(self.image_flags):
             if not re.fullmatch(r"--?[A-Za-z][A-Za-z0-9_.-]*", flag):
                 raise _rule(f"{flag!r} is not a flag (e.g. --attention-backend)", "image_flags", i)
-        for i, pattern in enumerate(self.startup_checks):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise _rule(f"not a regular expression: {exc}", "startup_checks", i) from None
+        for key in ("startup_checks", "worker_startup_checks"):
+            for i, pattern in enumerate(getattr(self, key)):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise _rule(f"not a regular expression: {exc}", key, i) from None
         seen = set()
         for i, warmup in enumerate(self.warmup):
             if warmup.name in seen:

@@ -346,6 +346,7 @@ def test_container_options():
     assert "memlock=1024" in container_options(rdma) and "memlock=-1" not in container_options(rdma)
     lane = find_lane("sim").model_copy(deep=True)
     lane.container.rdma, lane.container.mounts = False, ["/var/lib/sparkbed/vllm:/opt/vllm:ro"]
+    lane.container.ulimits = {}
     assert container_options(lane) == ["--ipc", "host", "-v", "/var/lib/sparkbed/vllm:/opt/vllm:ro"]
     lane.container.shm_size, lane.container.ipc, lane.container.extra_args = "64g", "private", ["--cap-add", "IPC_LOCK"]
     assert container_options(lane) == [

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from sparkinfra import lanes, serving
+from sparkinfra import lanes, nccl_log, serving
 from sparkinfra.facts.lane import LaneStatus, LaneUnits
 
 
@@ -119,9 +119,28 @@ def test_api_completes(cluster):
     assert status["api"] == "ok", f"the head's API does not complete a request: {status['api']}"
 
 
-def test_startup_log_checks(cluster):
-    lane = _lane(cluster[0])
-    head = _head(cluster)
-    log = head.root(f"docker logs {head.cluster.config.container_name} 2>&1").stdout
-    missing = [pattern for pattern in lane.startup_checks if not re.search(pattern, log, re.M)]
-    assert not missing, f"rank 0's start-up log lacks: {missing}"
+def test_startup_log_checks(node):
+    """The lane's own start-up lines: ``startup_checks`` in rank 0's log, ``worker_startup_checks`` in the others'."""
+    lane = _lane(node)
+    checks = lane.startup_checks if node.node.rank == 0 else lane.worker_startup_checks
+    log = node.root(f"docker logs {node.cluster.config.container_name} 2>&1").stdout
+    missing = [pattern for pattern in checks if not re.search(pattern, log, re.M)]
+    assert not missing, f"{node}: rank {node.node.rank}'s start-up log lacks: {missing}"
+
+
+def test_every_ranks_nccl_started_on_the_pin_and_the_fabric(node):
+    """NCCL's own lines in each rank's log (NCCL_DEBUG=INFO): the pinned version (rank 0 prints it),
+    the IB network over the cluster's HCAs, this node's GID index."""
+    lane = _lane(node)
+    if lane.container.gpus is None:
+        pytest.skip(f"lane {lane.name} runs vLLM on CPU (gloo): NCCL never starts there; "
+                    "the container check proved the pin and the fabric in every rank")
+    config, fabric = node.cluster.config, node.cluster.fabric
+    log = node.root(f"docker logs {config.container_name} 2>&1").stdout
+    env = dict(line.split("=", 1) for line in node.root("cat /etc/sparkinfra/nccl.env").stdout.splitlines()
+               if "=" in line and not line.startswith("#"))
+    found = nccl_log.problems(
+        nccl_log.parse(log), pin=config.nccl_version if node.node.rank == 0 else None, rdma=lane.container.rdma,
+        hcas=list(fabric.rdma_devices), port=fabric.rdma_port, gid_index=env.get("NCCL_IB_GID_INDEX", ""),
+    )
+    assert not found, f"{node}: rank {node.node.rank}: {'; '.join(found)}"
