@@ -1,3 +1,9 @@
 # The test bed's 8 nodes (inventory/sim8.py), behind a switch; the rest is in group_data/bed.py.
 # Serving stays on the pair (2 cores): no lane here.
+from sparkbed.layout import SHAPES
+
 cluster = "sim8"
+
+# Not the seeds' names (inventory/sim8.py brings the nodes up in this shape): nothing may assume them.
+fabric_interface = SHAPES["site2"].fabric
+rdma_devices = list(SHAPES["site2"].rdma)

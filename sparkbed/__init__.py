@@ -6,7 +6,7 @@ debootstrapped base, in a network namespace of its own with:
 
 - ``mgmt0`` on the management network, reached from the ``sparkbed-mgmt`` namespace where the
   controller (pyinfra, pytest, ssh) runs;
-- ``enp1s0f0np0`` on the fabric: a veth pair for 2 nodes, a bridge ("switch") for more.
+- the fabric port (``enp1s0f0np0``, or another shape's name): a veth pair for 2 nodes, a bridge ("switch") for more.
 
 GPU/RDMA tools are stand-ins (``standins/``) that follow the node's live link state. A per-node
 supervisor restarts the container when it reboots, resetting what a reboot loses (fabric
@@ -27,8 +27,8 @@ from .cache import (BASE, BASE_PACKAGES, IMAGE, IMAGE_BUILD, IMAGE_ROOTFS, IMAGE
 from .controller import (API_KEY_ENV, HUB_PORT, HUB_ROOT, HUB_TOKEN_ENV, HUB_URL, NCCL_STANDIN_VERSIONS,
                          api_key_file, build_nccl_standins, controller_env, controller_key, hub_token_file,
                          known_hosts, nccl_standin, sim_hosts, ssh_config)
-from .layout import (CACHE, CGROUP_ROOTS, CONTROLLER_DIR, FABRIC_IFACE, FABRIC_NET, MGMT_GATEWAY, MGMT_NET, MGMT_NS,
-                     NODES_DIR, PREFIX, STANDINS, STATE, SUBNET, SWITCH_NS, SimNode, log, node_dir, read_state, run,
+from .layout import (CACHE, CGROUP_ROOTS, CONTROLLER_DIR, FABRIC_NET, MGMT_GATEWAY, MGMT_NET, MGMT_NS,
+                     NODES_DIR, PREFIX, SHAPES, STANDINS, STATE, SUBNET, SWITCH_NS, NodeShape, SimNode, log, node_dir, read_state, run,
                      sim_nodes, state_file)
 from .lifecycle import _bed_mounts as _bed_mounts  # read by the e2e layer's teardown check
 from .lifecycle import _our_pids as _our_pids
@@ -47,8 +47,8 @@ __all__ = [
     "build_nccl_standins", "controller_env", "controller_key", "hub_token_file", "known_hosts", "nccl_standin",
     "sim_hosts", "ssh_config",
     # layout
-    "CACHE", "CGROUP_ROOTS", "CONTROLLER_DIR", "FABRIC_IFACE", "FABRIC_NET", "MGMT_GATEWAY", "MGMT_NET", "MGMT_NS",
-    "NODES_DIR", "PREFIX", "STANDINS", "STATE", "SUBNET", "SWITCH_NS", "SimNode", "log", "node_dir", "read_state",
+    "CACHE", "CGROUP_ROOTS", "CONTROLLER_DIR", "FABRIC_NET", "MGMT_GATEWAY", "MGMT_NET", "MGMT_NS",
+    "NODES_DIR", "PREFIX", "SHAPES", "STANDINS", "STATE", "SUBNET", "SWITCH_NS", "NodeShape", "SimNode", "log", "node_dir", "read_state",
     "run", "sim_nodes", "state_file",
     # lifecycle
     "clear_stale", "down", "up",

@@ -49,8 +49,8 @@ def ssh_config() -> Path:
     return CONTROLLER_DIR / "ssh_config"
 
 
-def sim_hosts(count: int = 2) -> list[tuple[str, dict]]:
-    """pyinfra inventory entries for the bed's nodes."""
+def sim_hosts(count: int = 2, shape: str = "spark") -> list[tuple[str, dict]]:
+    """pyinfra inventory entries for the bed's nodes (of ``shape``, as ``up`` made them)."""
     return [
         (
             node.name,
@@ -64,7 +64,7 @@ def sim_hosts(count: int = 2) -> list[tuple[str, dict]]:
                 "fabric_ip": node.fabric_ip,
             },
         )
-        for node in sim_nodes(count)
+        for node in sim_nodes(count, shape)
     ]
 
 

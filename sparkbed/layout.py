@@ -20,7 +20,6 @@ SUBNET = IPv4Network("10.213.0.0/16")  # every address the bed uses; guarded in 
 MGMT_NET = IPv4Network("10.213.0.0/24")
 MGMT_GATEWAY = "10.213.0.1"
 FABRIC_NET = IPv4Network("10.213.1.0/24")
-FABRIC_IFACE = "enp1s0f0np0"
 MGMT_NS = f"{PREFIX}-mgmt"
 SWITCH_NS = f"{PREFIX}-switch"
 
@@ -33,6 +32,27 @@ STANDINS = Path(__file__).parent / "standins"
 
 
 @dataclass(frozen=True)
+class NodeShape:
+    """
+    What differs between sites' Sparks, as the bed builds them: the fabric port's name, its RDMA
+    devices (a uverbs device and a GID table each), the login users (``{i}``: the node's number).
+    A cluster's settings name the same (``fabric_interface``, ``rdma_devices``): nothing in the
+    tool may assume the seeds' names.
+    """
+
+    fabric: str
+    rdma: tuple[str, ...]
+    head_user: str
+    worker_user: str
+
+
+SHAPES = {
+    "spark": NodeShape("enp1s0f0np0", ("rocep1s0f0", "roceP2p1s0f0"), "nvidia", "spark{i}"),  # the seeds' Sparks
+    "site2": NodeShape("enP2p1s0f1np1", ("mlx5_0", "mlx5_1"), "ubuntu", "dgx{i}"),  # another site's naming
+}
+
+
+@dataclass(frozen=True)
 class SimNode:
     """One simulated node: what an inventory needs to reach it."""
 
@@ -41,6 +61,7 @@ class SimNode:
     user: str
     mgmt_ip: str
     fabric_ip: str
+    shape: str = "spark"  # a key of SHAPES
 
     @property
     def netns(self) -> str:
@@ -50,16 +71,23 @@ class SimNode:
     def rank(self) -> int:
         return self.index - 1
 
+    @property
+    def fabric(self) -> str:
+        """The fabric port's name."""
+        return SHAPES[self.shape].fabric
 
-def sim_nodes(count: int = 2) -> list[SimNode]:
-    """The bed's nodes: ``spark-1`` .. ``spark-N``; users differ per node, as in the field."""
+
+def sim_nodes(count: int = 2, shape: str = "spark") -> list[SimNode]:
+    """The bed's nodes: ``spark-1`` .. ``spark-N`` of ``shape``; users differ per node, as in the field."""
+    form = SHAPES[shape]
     return [
         SimNode(
             name=f"spark-{i}",
             index=i,
-            user="nvidia" if i == 1 else f"spark{i}",
+            user=form.head_user if i == 1 else form.worker_user.format(i=i),
             mgmt_ip=str(MGMT_NET.network_address + 10 + i),
             fabric_ip=str(FABRIC_NET.network_address + i),
+            shape=shape,
         )
         for i in range(1, count + 1)
     ]

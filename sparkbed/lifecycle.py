@@ -27,8 +27,9 @@ from .nodes import _mount_root, _start_supervisor, _wait_ssh, _write_identity, w
 # --
 
 
-def up(count: int = 2) -> dict:
-    """Bring up ``count`` nodes (clearing whatever an earlier, killed run left) and wait for them."""
+def up(count: int = 2, shape: str = "spark") -> dict:
+    """Bring up ``count`` nodes of ``shape`` (a key of ``SHAPES``: fabric port, RDMA devices,
+    users), clearing whatever an earlier, killed run left, and wait for them."""
     if count < 2:
         raise SystemExit("the bed needs at least 2 nodes")
     started = time.monotonic()
@@ -37,7 +38,7 @@ def up(count: int = 2) -> dict:
     install_guard_routes()
     build_base()
     build_image_rootfs()
-    nodes = sim_nodes(count)
+    nodes = sim_nodes(count, shape)
     STATE.mkdir(parents=True, exist_ok=True)
     CONTROLLER_DIR.mkdir(parents=True, exist_ok=True)
     key = controller_key()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 
-from .layout import FABRIC_IFACE, MGMT_GATEWAY, MGMT_NET, MGMT_NS, SUBNET, SWITCH_NS, SimNode, run
+from .layout import MGMT_GATEWAY, MGMT_NET, MGMT_NS, SUBNET, SWITCH_NS, SimNode, run
 
 
 def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -57,8 +57,8 @@ def _make_networks(nodes: list[SimNode]) -> None:
     if len(nodes) == 2:
         a, b = nodes
         ip("link", "add", "fab-a", "netns", a.netns, "type", "veth", "peer", "name", "fab-b", "netns", b.netns)
-        ip("link", "set", "fab-a", "name", FABRIC_IFACE, netns=a.netns)
-        ip("link", "set", "fab-b", "name", FABRIC_IFACE, netns=b.netns)
+        ip("link", "set", "fab-a", "name", a.fabric, netns=a.netns)
+        ip("link", "set", "fab-b", "name", b.fabric, netns=b.netns)
     else:
         # A switch with a 9216 L2MTU, like the CRS804/CRS504 of the field reports.
         run("ip", "netns", "add", SWITCH_NS)
@@ -68,20 +68,20 @@ def _make_networks(nodes: list[SimNode]) -> None:
             port = f"p-{node.name}"
             ip("link", "add", port, "netns", SWITCH_NS, "mtu", "9216", "type", "veth", "peer", "name", "fab", "netns", node.netns)
             ip("link", "set", port, "master", "sw0", "up", netns=SWITCH_NS)
-            ip("link", "set", "fab", "name", FABRIC_IFACE, netns=node.netns)
+            ip("link", "set", "fab", "name", node.fabric, netns=node.netns)
     for node in nodes:
         power_on_network(node)
 
 
 def power_on_network(node: SimNode) -> None:
     """What the fabric port looks like when a node powers on: no IPv4, MTU 1500, link down."""
-    ip("link", "set", FABRIC_IFACE, "down", netns=node.netns)
-    ip("addr", "flush", "dev", FABRIC_IFACE, netns=node.netns)
-    ip("link", "set", FABRIC_IFACE, "mtu", "1500", netns=node.netns)
+    ip("link", "set", node.fabric, "down", netns=node.netns)
+    ip("addr", "flush", "dev", node.fabric, netns=node.netns)
+    ip("link", "set", node.fabric, "mtu", "1500", netns=node.netns)
     if node.index % 2 == 0:
         # Router-advertised IPv6 on even nodes takes GID slots before the IPv4 one, so the
         # RoCE v2 IPv4 GID index differs per node (3 on one, 5 on another), as in the field.
-        ip("addr", "add", f"fd00:213:1::{node.index}/64", "dev", FABRIC_IFACE, "nodad", netns=node.netns)
+        ip("addr", "add", f"fd00:213:1::{node.index}/64", "dev", node.fabric, "nodad", netns=node.netns)
 
 
 def cable(name: str, plugged: bool) -> None:

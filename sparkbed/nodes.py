@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .cache import BASE, IMAGE_ROOTFS, IMAGE_ROOTFS_IN_NODE, VLLM_TREE_IN_NODE, vllm_tree
 from .controller import ssh_config
-from .layout import MGMT_NS, STANDINS, SimNode, _enter_own_cgroup, log, node_dir, read_state, run
+from .layout import MGMT_NS, SHAPES, STANDINS, SimNode, _enter_own_cgroup, log, node_dir, read_state, run
 from .network import in_netns, power_on_network
 
 
@@ -56,6 +56,13 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     lib.mkdir(parents=True, exist_ok=True)
     shutil.copy(STANDINS / "rdma_standin.py", lib / "rdma_standin.py")
     shutil.copy(STANDINS / "sparkbed-rdma.service", root / "etc/systemd/system/sparkbed-rdma.service")
+    form = SHAPES[node.shape]  # the stand-in's netdev and HCAs: this node's shape
+    dropin = root / "etc/systemd/system/sparkbed-rdma.service.d"
+    dropin.mkdir(parents=True, exist_ok=True)
+    (dropin / "shape.conf").write_text(
+        f"[Service]\nEnvironment=SPARKBED_NETDEV={form.fabric}\n"
+        f"Environment=\"SPARKBED_RDMA_DEVICES={' '.join(form.rdma)}\"\n"
+    )
     shutil.copy(STANDINS / "sparkbed-cgroups.service", root / "etc/systemd/system/sparkbed-cgroups.service")
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)

@@ -57,17 +57,17 @@ class Verify:
 
 class Bed:
     def __init__(self) -> None:
-        self.size = 0
+        self.size, self.shape = 0, "spark"
 
     def ensure(self, nodes: int) -> None:
-        """A bed of this size, as earlier tests left it."""
-        if self.size != nodes:
+        """A bed of this size (the seeds' shape), as earlier tests left it."""
+        if self.size != nodes or self.shape != "spark":
             self.fresh(nodes)
 
-    def fresh(self, nodes: int) -> None:
-        """A newly booted bed of this size: bare nodes, nothing converged yet."""
-        simbed.up(nodes)
-        self.size = nodes
+    def fresh(self, nodes: int, shape: str = "spark") -> None:
+        """A newly booted bed of this size and shape (``sparkbed.SHAPES``): bare nodes, nothing converged yet."""
+        simbed.up(nodes, shape)
+        self.size, self.shape = nodes, shape
 
     def controller(self, *args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
         """Run a command in the management namespace, from the project root."""

@@ -4,6 +4,8 @@ run; on those four nodes behind the switch, a pulled cable fails preflight on th
 nodes serve (no lane: serving stays on the pair, 2 cores) and verify.
 """
 
+import re
+
 import sparkbed as simbed
 
 DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
@@ -38,8 +40,9 @@ def test_pulled_cable_fails_preflight_on_that_node(bed):
     assert "[spark-2] preflight PASS fabric" in run.stderr
 
 
-def test_eight_nodes_serve_and_verify(bed):
-    bed.fresh(8)
+def test_eight_nodes_of_another_sites_naming_serve_and_verify(bed):
+    """Eight nodes whose fabric port, HCAs and users are not the seeds' (inventory/sim8.py)."""
+    bed.fresh(8, shape="site2")
     inventory, hosts = "inventory/sim8.py", {f"spark-{i}" for i in range(1, 9)}
     first = bed.converge(inventory, "deploys/serve.py")
     assert first.changed_hosts() == hosts, first.changed
@@ -48,5 +51,7 @@ def test_eight_nodes_serve_and_verify(bed):
     assert again.changes == {h: 0 for h in hosts}, again.changed
     result = bed.verify(inventory)
     assert result.returncode == 0, result.output[-3000:]
-    gids = {bed.node(f"spark-{i}", "grep NCCL_IB_GID_INDEX /etc/sparkinfra/nccl.env").stdout.strip()[-1] for i in range(1, 9)}
-    assert gids == {"3", "5"}, gids
+    env = [bed.node(f"spark-{i}", "cat /etc/sparkinfra/nccl.env").stdout for i in range(1, 9)]
+    assert {re.search(r"^NCCL_IB_GID_INDEX=(\d+)$", e, re.M)[1] for e in env} == {"3", "5"}, env
+    assert all("NCCL_IB_HCA=mlx5_0,mlx5_1\n" in e and "NCCL_SOCKET_IFNAME=enP2p1s0f1np1\n" in e for e in env), env
+    assert "dgx8" in bed.node("spark-1", "cat /root/.ssh/config").stdout  # the mesh maps each worker's user
