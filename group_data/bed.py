@@ -2,6 +2,9 @@
 # namespaces only. Each cluster's own group file adds its name and ports.
 fabric_subnet = "10.213.1.0/24"
 fabric_mtu = 4200
+# The bed's ib_write_bw stand-in measures a TCP stream over the veth fabric, on 2 shared cores (a few
+# Gb/s): its floor, not a Spark's.
+fabric_min_gbps = 1
 # The bed's stand-in libnccl.so.2 (reports 2.30.7), placed on every node by deploys/prepare.py.
 nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so.2"
 preflight_free_gb = 1

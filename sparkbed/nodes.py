@@ -48,7 +48,7 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     for path in (home, ssh_dir, ssh_dir / "authorized_keys"):
         os.chown(path, int(uid_gid), int(gid))
     # Stand-ins for the GPU/RDMA tools, and the unit that keeps the fake RDMA sysfs live.
-    for tool in ("show_gids", "ibv_devinfo", "nvidia-smi"):
+    for tool in ("show_gids", "ibv_devinfo", "ib_write_bw", "nvidia-smi"):
         dest = root / "usr/local/bin" / tool
         shutil.copy(STANDINS / tool, dest)
         dest.chmod(0o755)

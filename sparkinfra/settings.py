@@ -87,6 +87,10 @@ class HostSettings(BaseModel):
         ["rocep1s0f0", "roceP2p1s0f0"], min_length=1, description="RDMA devices on the fabric port."
     )
     rdma_port: int = Field(1, ge=1, description="Port of the RDMA devices.")
+    fabric_min_gbps: float = Field(
+        160.0, gt=0, description="Least RDMA write bandwidth, head to each worker with every HCA at once "
+        "(Gb/s), that `pytest tests/verify --fabric-bandwidth` accepts: 80% of a 200G port by default.",
+    )
 
     fabric_persist: bool = Field(
         True,

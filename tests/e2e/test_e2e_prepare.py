@@ -3,6 +3,8 @@ deploys/prepare.py on the simulated pair: converge -> converge again (0 changes)
 fault -> verify sees it -> one converge heals only what broke -> verify.
 """
 
+import re
+
 import pytest
 
 import sparkbed as simbed
@@ -43,10 +45,16 @@ def test_a_no_op_converge_reads_each_fact_once_per_node(prepared):
     assert {h: [c for c, n in commands.items() if n > 1] for h, commands in ran.items()} == {h: [] for h in HOSTS}
 
 
-def test_verify_passes(prepared):
+def test_verify_passes_and_measures_the_fabric(prepared):
+    """With --fabric-bandwidth, RDMA writes (the bed's stand-in: a TCP stream over the veth, on both
+    HCAs at once, each side at its own GID index) reach fabric_min_gbps."""
     bed, _ = prepared
-    result = bed.verify(INV, *ONLY_PREPARE)
+    result = bed.verify(INV, *ONLY_PREPARE, "--fabric-bandwidth", "-s")
     assert result.returncode == 0, result.output[-3000:]
+    figure = re.search(r"fabric bandwidth from spark-1: spark-2 ([\d.]+) Gb/s \(rocep1s0f0 [\d.]+, roceP2p1s0f0 [\d.]+\)",
+                       result.output)
+    assert figure and float(figure[1]) >= 1, result.output[-3000:]
+    print(figure[0])
 
 
 def test_gid_index_is_discovered_per_node(prepared):

@@ -34,6 +34,10 @@ def pytest_addoption(parser):
     group.addoption(
         "--deep", action="store_true", help="compare sha256 of every staged file, not only sizes"
     )
+    group.addoption(
+        "--fabric-bandwidth", action="store_true",
+        help="measure RDMA write bandwidth (perftest's ib_write_bw) from the head to each worker",
+    )
 
 
 @dataclass

@@ -1,6 +1,10 @@
 """The fabric port (deploys/prepare.py): address, MTU, link, and jumbo frames end to end."""
 
+import shlex
+
 import pytest
+
+from sparkinfra import perftest
 
 
 def test_fabric_address(node):
@@ -40,3 +44,41 @@ def test_frames_past_the_mtu_do_not_cross(node):
     said = result.stdout + result.stderr
     assert result.rc != 0 and ("message too long" in said or "Frag needed" in said), (
         f"{node} -> {peer.name} ({size} bytes, DF): rc {result.rc} {said}")
+
+
+def _gid_index(target) -> str:
+    env = target.root("cat /etc/sparkinfra/nccl.env").stdout
+    return next((line.split("=", 1)[1] for line in env.splitlines() if line.startswith("NCCL_IB_GID_INDEX=")), "")
+
+
+def test_fabric_bandwidth_head_to_each_worker(cluster, request):
+    """Opt-in (``--fabric-bandwidth``): RDMA writes from the head to each worker, every HCA at once
+    (perftest's ib_write_bw, each side at its own GID index), reach ``fabric_min_gbps`` together."""
+    if not request.config.getoption("fabric_bandwidth"):
+        pytest.skip("opt-in: --fabric-bandwidth")
+    head = next(t for t in cluster if t.node.rank == 0)
+    fabric, wanted = head.cluster.fabric, head.cluster.config.fabric_min_gbps
+    missing = [str(t) for t in cluster if t.root("command -v ib_write_bw").rc != 0]
+    assert not missing, f"perftest's ib_write_bw is not installed on {missing} (apt install perftest)"
+    head_gid, figures = _gid_index(head), {}
+    for worker in (t for t in cluster if t.node.rank > 0):
+        ports = [(device, perftest.BASE_PORT + i) for i, device in enumerate(fabric.rdma_devices)]
+        servers = " ".join(
+            f"{perftest.command(d, fabric.rdma_port, _gid_index(worker), p)} >/dev/null 2>&1 &" for d, p in ports
+        )
+        worker.root(f"sh -c {shlex.quote(f'{servers} sleep 0')} </dev/null >/dev/null 2>&1")
+        clients = " ".join(
+            f"{perftest.command(d, fabric.rdma_port, head_gid, p, str(worker.node.fabric_ip))} > $t/{d} 2>&1 &"
+            for d, p in ports
+        )
+        script = f"t=$(mktemp -d); sleep 1; {clients} wait; for f in $t/*; do echo \"=== $f\"; cat $f; done; rm -rf $t"
+        out = head.root(f"sh -c {shlex.quote(script)}").stdout
+        sections = out.split("=== ")[1:]
+        per_hca = {s.split("\n", 1)[0].rsplit("/", 1)[-1]: perftest.average_gbps(s) for s in sections}
+        failed = {d: s for d, s in zip(per_hca, sections) if per_hca[d] is None}
+        assert not failed, f"ib_write_bw {head} -> {worker} gave no result: {failed}"
+        figures[str(worker)] = (sum(per_hca.values()), per_hca)
+    print(f"fabric bandwidth from {head}: " + "; ".join(
+        f"{w} {total:.1f} Gb/s ({', '.join(f'{d} {g:.1f}' for d, g in hcas.items())})" for w, (total, hcas) in figures.items()))
+    slow = {w: round(total, 1) for w, (total, _) in figures.items() if total < wanted}
+    assert not slow, f"RDMA write bandwidth below fabric_min_gbps ({wanted} Gb/s) from {head}: {slow}"
