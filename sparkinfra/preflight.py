@@ -119,7 +119,7 @@ def evaluate(
 
     if node == cluster.head:
         held = [p for p in probe["ports"] if _listener(p).get("container") != config.container_name]
-        ports = ", ".join(str(p) for p in (config.api_port, config.master_port))
+        ports = ", ".join(str(p) for p in required_ports(cluster, host_name, lane))
         own = sorted({_listener(p)["port"] for p in probe["ports"]} - {_listener(p)["port"] for p in held}, key=int)
         detail = (
             f"{ports} in use: {'; '.join(held)}" if held
@@ -155,11 +155,14 @@ def _listener(line: str) -> dict[str, str]:
     return fields
 
 
-def required_ports(cluster: Cluster, host_name: str) -> tuple[int, ...]:
-    """Ports a node needs free: the API and rendezvous ports on the head."""
-    if cluster.node(host_name) == cluster.head:
+def required_ports(cluster: Cluster, host_name: str, lane: lanes.Lane | None = None) -> tuple[int, ...]:
+    """Ports a node needs free: on the head, the API and rendezvous ports (the lane's own, where it
+    sets them) and a Ray lane's GCS port."""
+    if cluster.node(host_name) != cluster.head:
+        return ()
+    if lane is None:
         return (cluster.config.api_port, cluster.config.master_port)
-    return ()
+    return tuple(lanes.effective_ports(lane, cluster).values())
 
 
 def run(state, settings: Settings) -> list[Check]:
@@ -170,19 +173,19 @@ def run(state, settings: Settings) -> list[Check]:
     checks: list[Check] = []
     active = {h.name for h in state.inventory.iter_activated_hosts()}
     for cluster in settings.clusters.values():
+        lane = lanes.find_lane(cluster.config.lane) if cluster.config.lane else None
         probes = {node.name: None for node in cluster.nodes}
         live = [state.inventory.get_host(node.name) for node in cluster.nodes if node.name in active]
         values = at_once([  # every node's probe at once
             (h, gathered, h, PreflightProbe, {
                 "model_dir": cluster.config.model_dir,
                 "interface": cluster.fabric.interface,
-                "ports": required_ports(cluster, h.name),
+                "ports": required_ports(cluster, h.name, lane),
             })
             for h in live
         ])
         probes.update((h.name, value) for h, value in zip(live, values))
         down = tuple(n for n, p in probes.items() if p and p.get("link") and "UP" not in link_flags(p))
-        lane = lanes.find_lane(cluster.config.lane) if cluster.config.lane else None
         for node in cluster.nodes:
             checks += evaluate(cluster, node.name, probes[node.name], down, lane)
     for c in checks:

@@ -112,6 +112,11 @@ def test_probe_script_runs_and_its_lines_are_read(tmp_path):
 def test_required_ports(cluster):
     assert required_ports(cluster, HEAD) == (8000, 29501)
     assert required_ports(cluster, WORKER) == ()
+    own = lanes.find_lane("sim").model_copy(update={"api_port": 8100, "master_port": 29600})
+    assert required_ports(cluster, HEAD, own) == (8100, 29600)  # the lane's own ports, where it sets them
+    ray = lanes.find_lane("quad-awq-eagle3")
+    assert required_ports(cluster, HEAD, ray) == (8000, 29501, ray.ray_port)  # and a Ray lane's GCS port
+    assert required_ports(cluster, WORKER, ray) == ()
 
 
 # evaluate
