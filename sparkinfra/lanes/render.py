@@ -87,11 +87,15 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     env.update(config.lane_env)  # the cluster's own (e.g. a tuned VLLM_CPU_KVCACHE_SPACE)
     image = lane.image or config.image
 
+    store = f"--object-store-memory={int(lane.ray_object_store_gb * 2**30)}"
     if lane.launch == "ray" and rank > 0:
-        command = [
+        # The runner starts workers before the head: each waits for the head's GCS port, then joins.
+        join = shlex.join([
             "ray", "start", "--block", f"--address={head}:{lane.ray_port}",
-            f"--node-ip-address={node.fabric_ip}", "--disable-usage-stats",
-        ]
+            f"--node-ip-address={node.fabric_ip}", store, "--disable-usage-stats",
+        ])
+        wait = f"until (: > /dev/tcp/{head}/{lane.ray_port}) 2>/dev/null; do sleep 1; done"
+        command = ["bash", "-c", f"{wait}; exec {join}"]
         return Launch(rank=rank, command=command, serve_args=[], env=env, api=False, image=image)
 
     args = [
@@ -121,7 +125,8 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     command = [*lane.container.entrypoint, *args]
     if lane.launch == "ray":
         start = shlex.join([
-            "ray", "start", "--head", f"--port={lane.ray_port}", f"--node-ip-address={head}", "--disable-usage-stats",
+            "ray", "start", "--head", f"--port={lane.ray_port}", f"--node-ip-address={head}", store,
+            "--include-dashboard=false", "--disable-usage-stats",
         ])
         command = ["bash", "-c", f"{start} && exec {shlex.join(command)}"]
     return Launch(rank=rank, command=command, serve_args=args, env=env, api=rank == 0, image=image)

@@ -172,6 +172,10 @@ class Lane(BaseModel):
     pipeline_parallel: int = Field(1, ge=1)
     launch: Literal["mp", "ray"] = Field("mp", description="mp: torch.distributed (--nnodes); ray: a Ray cluster.")
     ray_port: int = Field(6379, ge=1, le=65535)
+    ray_object_store_gb: float = Field(
+        2.0, gt=0, description="Ray's object store on each node (GiB); Ray's own default, 30% of RAM, would "
+        "take unified memory the GPU needs.",
+    )
 
     served_model_name: str | None = Field(None, min_length=1, description="null: the model's repo id.")
     gpu_memory_utilization: float = Field(gt=0, le=1)

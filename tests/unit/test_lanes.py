@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -261,17 +262,34 @@ def test_ray_ranks(cluster_of):
     head = launch(lane, cluster, 0)
     assert head.command[:2] == ["bash", "-c"] and len(head.command) == 3
     start, _, serve = head.command[2].partition(" && exec ")
-    assert start == "ray start --head --port=6379 --node-ip-address=192.168.192.1 --disable-usage-stats"
+    store = f"--object-store-memory={2 * 2**30}"  # sized (Ray's default takes 30% of unified memory)
+    assert start == (f"ray start --head --port=6379 --node-ip-address=192.168.192.1 {store} "
+                     "--include-dashboard=false --disable-usage-stats")
     assert serve.split()[:3] == ["vllm", "serve", "cyankiwi/MiniMax-M3-AWQ-INT4"]
     assert head.serve_args[head.serve_args.index("--distributed-executor-backend") + 1] == "ray"
     assert "--nnodes" not in head.serve_args and "--headless" not in head.serve_args
     for rank in (1, 2, 3):
         worker = launch(lane, cluster, rank)
         assert worker.serve_args == [] and not worker.api
-        assert worker.command == [
-            "ray", "start", "--block", "--address=192.168.192.1:6379",
-            f"--node-ip-address=192.168.192.{rank + 1}", "--disable-usage-stats",
-        ]
+        assert worker.command == ["bash", "-c", (
+            "until (: > /dev/tcp/192.168.192.1/6379) 2>/dev/null; do sleep 1; done; "
+            "exec ray start --block --address=192.168.192.1:6379 "
+            f"--node-ip-address=192.168.192.{rank + 1} {store} --disable-usage-stats")]
+
+
+def test_a_ray_worker_waits_for_the_heads_port(cluster_of):
+    """Workers start first (the runner's order): each joins once the head's GCS port answers."""
+    lane = find_lane("quad-awq-eagle3")
+    wait = launch(lane, cluster_of(lane), 1).command[2].split("; exec ")[0]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        local = wait.replace("192.168.192.1/6379", f"127.0.0.1/{port}")
+        waiting = subprocess.Popen(["bash", "-c", local])
+        time.sleep(1.5)
+        assert waiting.poll() is None  # nothing listens yet: still waiting
+        listener.listen(1)
+        assert waiting.wait(timeout=10) == 0
 
 
 def test_sim_env_per_rank(cluster_of):
