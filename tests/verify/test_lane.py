@@ -72,6 +72,7 @@ def test_container_has_the_nodes_env_and_pin(node):
 def test_the_pin_is_mounted_over_every_nccl_copy(node):
     """LD_PRELOAD reaches what loads libnccl.so.2 by name; torch and Ray load their copies by path.
     Every libnccl.so* file the running container holds is the pin, mounted read-only."""
+    _lane(node)
     config = node.cluster.config
     found = node.root(f"docker exec {config.container_name} find / -xdev -type f -name 'libnccl.so*'")
     assert found.rc == 0, f"{node}: {found.stderr}"
