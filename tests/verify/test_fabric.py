@@ -74,8 +74,9 @@ def test_fabric_bandwidth_head_to_each_worker(cluster, request):
         script = f"t=$(mktemp -d); sleep 1; {clients} wait; for f in $t/*; do echo \"=== $f\"; cat $f; done; rm -rf $t"
         out = head.root(f"sh -c {shlex.quote(script)}").stdout
         sections = out.split("=== ")[1:]
-        per_hca = {s.split("\n", 1)[0].rsplit("/", 1)[-1]: perftest.average_gbps(s) for s in sections}
-        failed = {d: s for d, s in zip(per_hca, sections) if per_hca[d] is None}
+        outputs = {s.split("\n", 1)[0].rsplit("/", 1)[-1]: s for s in sections}
+        per_hca = {d: perftest.average_gbps(outputs.get(d, "")) for d in fabric.rdma_devices}
+        failed = {d: outputs.get(d, "(no output)") for d, g in per_hca.items() if g is None}
         assert not failed, f"ib_write_bw {head} -> {worker} gave no result: {failed}"
         figures[str(worker)] = (sum(per_hca.values()), per_hca)
     print(f"fabric bandwidth from {head}: " + "; ".join(
