@@ -187,17 +187,23 @@ def nccl_copies(p: dict) -> list[str]:
         found = json.loads(kept.read_text())
         if found.get("key") == key:
             return found["paths"]
-    c = p["container_check"]
-    name = f"{p['container']}-find"
-    sh("docker", "rm", "-f", name)
-    done = sh("docker", "run", "--rm", "--name", name, *p["docker_options"], "-v", f"{c['script']}:{c['mount']}:ro",
-              "--entrypoint", "python3", p["image"], c["mount"], "--find-nccl", timeout=300)
+    done = check_script(p, "find", p["docker_options"], "--find-nccl")
     if done.returncode != 0:
         raise RuntimeError(f"listing the libnccl copies of {p['image']} failed: {done.stderr.strip()[-300:]}")
     paths = [line for line in done.stdout.splitlines() if line.startswith("/") and line != pin]
     Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
     kept.write_text(json.dumps({"key": key, "image": p["image"], "paths": paths}))
     return paths
+
+
+def check_script(p: dict, purpose: str, options: list[str], *args: str) -> subprocess.CompletedProcess:
+    """The plan's ``container_check.py ARGS`` in a throwaway container ``<container>-<purpose>`` of
+    ``options`` and the rank's image (a leftover of that name is removed first)."""
+    c = p["container_check"]
+    name = f"{p['container']}-{purpose}"
+    sh("docker", "rm", "-f", name)
+    return sh("docker", "run", "--rm", "--name", name, *options, "-v", f"{c['script']}:{c['mount']}:ro",
+              "--entrypoint", "python3", p["image"], c["mount"], *args, timeout=300)
 
 
 def rank_options(p: dict) -> list[str]:
@@ -215,15 +221,11 @@ def cmd_copies(path: str) -> int:
 def container_check(p: dict) -> tuple[bool, list[str]]:
     """This rank's ``container_check.py`` run in a container of its own options and image: its verdict
     and lines (``container check: PASS|FAIL …``)."""
-    c = p["container_check"]
-    name = f"{p['container']}-check"
     try:
         options = rank_options(p)
     except RuntimeError as exc:
         return False, [f"container check: FAIL nccl: {exc}"]
-    sh("docker", "rm", "-f", name)
-    done = sh("docker", "run", "--rm", "--name", name, *options, "-v", f"{c['script']}:{c['mount']}:ro",
-              "--entrypoint", "python3", p["image"], c["mount"], *c["args"], timeout=300)
+    done = check_script(p, "check", options, *p["container_check"]["args"])
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return done.returncode == 0, lines or [f"container check: FAIL docker: exit {done.returncode}"]
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 import testinfra
 
+from sparkinfra.operations.nccl import NCCL_ENV_FILE
 from sparkinfra.run import load_files
 from sparkinfra.settings import Cluster, Node
 
@@ -57,6 +58,12 @@ class Target:
         command = fact_cls().command(**kwargs)
         raw = command.get_raw_value() if hasattr(command, "get_raw_value") else command
         return fact_cls().process(self.root(raw).stdout.splitlines())
+
+    def nccl_env(self) -> dict[str, str]:
+        """The node's NCCL env file (``/etc/sparkinfra/nccl.env``) as variables."""
+        out = self.root(f"cat {NCCL_ENV_FILE}")
+        assert out.rc == 0, f"{self}: {out.stderr}"
+        return dict(line.split("=", 1) for line in out.stdout.splitlines() if line and not line.startswith("#"))
 
     def root(self, command: str, *args) -> "testinfra.backend.base.CommandResult":
         """Run a command as root (through sudo when the node's user is not root)."""

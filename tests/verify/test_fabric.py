@@ -46,11 +46,6 @@ def test_frames_past_the_mtu_do_not_cross(node):
         f"{node} -> {peer.name} ({size} bytes, DF): rc {result.rc} {said}")
 
 
-def _gid_index(target) -> str:
-    env = target.root("cat /etc/sparkinfra/nccl.env").stdout
-    return next((line.split("=", 1)[1] for line in env.splitlines() if line.startswith("NCCL_IB_GID_INDEX=")), "")
-
-
 def test_fabric_bandwidth_head_to_each_worker(cluster, request):
     """Opt-in (``--fabric-bandwidth``): RDMA writes from the head to each worker, every HCA at once
     (perftest's ib_write_bw, each side at its own GID index), reach ``fabric_min_gbps`` together."""
@@ -60,11 +55,12 @@ def test_fabric_bandwidth_head_to_each_worker(cluster, request):
     fabric, wanted = head.cluster.fabric, head.cluster.config.fabric_min_gbps
     missing = [str(t) for t in cluster if t.root("command -v ib_write_bw").rc != 0]
     assert not missing, f"perftest's ib_write_bw is not installed on {missing} (apt install perftest)"
-    head_gid, figures = _gid_index(head), {}
+    head_gid, figures = head.nccl_env().get("NCCL_IB_GID_INDEX", ""), {}
     for worker in (t for t in cluster if t.node.rank > 0):
         ports = [(device, perftest.BASE_PORT + i) for i, device in enumerate(fabric.rdma_devices)]
+        worker_gid = worker.nccl_env().get("NCCL_IB_GID_INDEX", "")
         servers = " ".join(
-            f"{perftest.command(d, fabric.rdma_port, _gid_index(worker), p)} >/dev/null 2>&1 &" for d, p in ports
+            f"{perftest.command(d, fabric.rdma_port, worker_gid, p)} >/dev/null 2>&1 &" for d, p in ports
         )
         worker.root(f"sh -c {shlex.quote(f'{servers} sleep 0')} </dev/null >/dev/null 2>&1")
         clients = " ".join(

@@ -54,10 +54,7 @@ def test_container_has_the_nodes_env_and_pin(node):
     info = _inspect(node, config.container_name)
     assert info["State"]["Running"], f"{node}: {config.container_name} is not running"
     env = dict(item.split("=", 1) for item in info["Config"]["Env"])
-    nccl = dict(
-        line.split("=", 1) for line in node.root("cat /etc/sparkinfra/nccl.env").stdout.splitlines()
-        if "=" in line and not line.startswith("#")
-    )
+    nccl = node.nccl_env()
     for key in ("NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "VLLM_NCCL_SO_PATH", "LD_PRELOAD"):
         assert env.get(key) == nccl[key], f"{node}: {key}={env.get(key)!r} in the container, {nccl[key]!r} in nccl.env"
     assert env["LD_PRELOAD"] == config.nccl_library
@@ -138,10 +135,8 @@ def test_every_ranks_nccl_started_on_the_pin_and_the_fabric(node):
                     "the container check proved the pin and the fabric in every rank")
     config, fabric = node.cluster.config, node.cluster.fabric
     log = node.root(f"docker logs {config.container_name} 2>&1").stdout
-    env = dict(line.split("=", 1) for line in node.root("cat /etc/sparkinfra/nccl.env").stdout.splitlines()
-               if "=" in line and not line.startswith("#"))
     found = nccl_log.problems(
         nccl_log.parse(log), pin=config.nccl_version if node.node.rank == 0 else None, rdma=lane.container.rdma,
-        hcas=list(fabric.rdma_devices), port=fabric.rdma_port, gid_index=env.get("NCCL_IB_GID_INDEX", ""),
+        hcas=list(fabric.rdma_devices), port=fabric.rdma_port, gid_index=node.nccl_env().get("NCCL_IB_GID_INDEX", ""),
     )
     assert not found, f"{node}: rank {node.node.rank}: {'; '.join(found)}"

@@ -37,16 +37,10 @@ def test_roce_port_active_at_fabric_mtu(node):
         assert f"active_mtu:\t\t{expected} " in out, f"{node} {device}: want active_mtu {expected}: {out}"
 
 
-def _live_gid_index(node):
+def _live_gid_index(node, device):
     fabric = node.cluster.fabric
-    rows = node.fact(RoceGidTable, device=fabric.rdma_devices[0], port=fabric.rdma_port) or []
+    rows = node.fact(RoceGidTable, device=device, port=fabric.rdma_port) or []
     return roce_v2_index(rows, str(node.node.fabric_ip), fabric.interface), rows
-
-
-def _env_file(node) -> dict[str, str]:
-    out = node.root(f"cat {NCCL_ENV_FILE}")
-    assert out.rc == 0, f"{node}: {out.stderr}"
-    return dict(line.split("=", 1) for line in out.stdout.splitlines() if line and not line.startswith("#"))
 
 
 def test_nccl_env_file_is_root_only(node):
@@ -55,13 +49,15 @@ def test_nccl_env_file_is_root_only(node):
 
 
 def test_nccl_env_has_this_nodes_gid_index(node):
-    index, rows = _live_gid_index(node)
-    assert index is not None, f"{node}: no RoCE v2 GID for {node.node.fabric_ip}: {rows}"
-    assert index not in (0, 1)
-    env = _env_file(node)
-    assert env.get("NCCL_IB_GID_INDEX") == str(index), (
-        f"{node}: env file says GID index {env.get('NCCL_IB_GID_INDEX')}, the port's table says {index}"
-    )
+    """The env file's index is the RoCE v2 row of the fabric IPv4 on every HCA NCCL uses."""
+    env = node.nccl_env()
+    for device in node.cluster.fabric.rdma_devices:
+        index, rows = _live_gid_index(node, device)
+        assert index is not None, f"{node}: no RoCE v2 GID for {node.node.fabric_ip} on {device}: {rows}"
+        assert index not in (0, 1)
+        assert env.get("NCCL_IB_GID_INDEX") == str(index), (
+            f"{node}: env file says GID index {env.get('NCCL_IB_GID_INDEX')}, {device}'s table says {index}"
+        )
 
 
 def test_nccl_env_matches_settings(node):
@@ -71,7 +67,7 @@ def test_nccl_env_matches_settings(node):
             expected.pop(key, None)
         else:
             expected[key] = value
-    env = _env_file(node)
+    env = node.nccl_env()
     env.pop("NCCL_IB_GID_INDEX", None)
     if "NCCL_IB_GID_INDEX" in node.cluster.config.nccl_env_overrides:
         expected.pop("NCCL_IB_GID_INDEX", None)
