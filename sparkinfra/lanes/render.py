@@ -85,6 +85,10 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
         for key, value in lane.env.items()
     }
     env.update(config.lane_env)  # the cluster's own (e.g. a tuned VLLM_CPU_KVCACHE_SPACE)
+    if lane.launch == "ray":
+        # Ray forwards every rank's lines to the head's log, but folds lines that differ only in
+        # numbers ("world_size=2 rank=1" into rank 0's): the start-up checks read each rank's own.
+        env = {"RAY_DEDUP_LOGS": "0", **env}
     image = lane.image or config.image
 
     store = f"--object-store-memory={int(lane.ray_object_store_gb * 2**30)}"

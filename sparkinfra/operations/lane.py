@@ -143,7 +143,8 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     report = (
         "import json,sys; r=json.loads(sys.stdin.read() or '{}'); "
         "ok=r.get('ok'); print(('vLLM ' + str(r.get('vllm')) + ' accepts every rank') if ok else "
-        "('vLLM ' + str(r.get('vllm')) + ' refuses rank ' + str(r.get('rank')) + ': ' + str(r.get('error'))), "
+        "(('vLLM ' + str(r.get('vllm')) + ' refuses rank ' + str(r.get('rank'))) if r.get('rank') is not None "
+        "else \"the image's vLLM cannot check the lane\") + ': ' + str(r.get('error')), "
         "file=sys.stdout if ok else sys.stderr); sys.exit(0 if ok else 1)"
     )
     yield f"{run} < {data} | python3 -c {shlex.quote(report)} && echo {key} > {marker}"

@@ -41,8 +41,10 @@ def _find(modules, name):
     for module in modules:
         try:
             found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):  # not this vLLM's layout: the next
+                continue
+            raise  # vLLM itself (or a plugin it loads) fails to import: that is the reason to show
         if found is not None:
             return found
     return None

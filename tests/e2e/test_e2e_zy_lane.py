@@ -122,26 +122,35 @@ def test_killed_worker_container_restarts_the_lane_on_both_nodes(serving):
     _verify_ok(bed)
 
 
-def test_head_watch_restarts_the_lane_without_a_converge(serving):
-    """A dead worker is noticed by the head's unit itself (no controller): the lane restarts as a whole."""
-    bed, _, _ = serving
+def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
+    """Kill the worker's container: the head's unit notices by itself (no controller) and restarts the
+    lane as a whole, warms it, and a converge afterwards changes nothing."""
     before = {n: _container_id(bed, n) for n in ("spark-1", "spark-2")}
     bed.node("spark-2", f"docker kill {CONTAINER}")
-    deadline = time.monotonic() + 240
+    started = time.monotonic()
+    deadline = started + 240
     while time.monotonic() < deadline:
         after = {n: _container_id(bed, n) for n in ("spark-1", "spark-2")}
         if all(after[n] and after[n] != before[n] for n in after):
             try:
-                _assert_serving(bed)
+                assert _chat(bed, model=model)["usage"]["completion_tokens"] > 0
                 break
             except AssertionError:
                 pass
         time.sleep(3)
     else:
-        pytest.fail(f"the lane did not come back by itself: {before} -> {after}")
-    _wait_warm(bed)  # the head warms a lane it restarted itself
-    run = bed.converge(INV, "deploys/serve.py")
+        pytest.fail(f"lane {lane} did not come back by itself: {before} -> {after}")
+    print(f"lane {lane}: serving again {time.monotonic() - started:.0f}s after its worker was killed")
+    _wait_warm(bed, lane)  # the head warms a lane it restarted itself
+    data = () if lane == "sim" else (f"lane={lane}",)
+    run = bed.converge(INV, "deploys/serve.py", *data)
     assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
+
+
+def test_head_watch_restarts_the_lane_without_a_converge(serving):
+    """A dead worker is noticed by the head's unit itself (no controller): the lane restarts as a whole."""
+    bed, _, _ = serving
+    _killed_worker_comes_back(bed)
 
 
 # Faults a Spark meets before vLLM would (each on the worker, in what the converge manages): the lane's
@@ -216,6 +225,8 @@ def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(servi
 
 
 def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
+    """sim-b is the Ray lane (seed 002's launch): the worker's container joins the head's Ray, whose
+    vLLM places rank 1 on the worker; TP=2 across the pair answers, and verify passes on it."""
     bed, _, _ = serving
     run = bed.converge(INV, "deploys/serve.py", "lane=sim-b")
     for node in ("spark-1", "spark-2"):
@@ -223,6 +234,17 @@ def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
         assert _active(bed, node, "sim-b") == "active", f"{node}: lane sim-b does not run"
     assert run.changed["spark-1"]
     assert _chat(bed, model="tiny-b")["usage"]["completion_tokens"] > 0
+    worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
+    assert "ray start --block --address=10.213.1.1:6379" in " ".join(worker["Config"]["Cmd"]), worker["Config"]["Cmd"]
+    head_log = bed.node("spark-1", f"docker logs {CONTAINER} 2>&1").stdout
+    assert re.search(r"RayWorkerProc pid=\d+, ip=10\.213\.1\.2\).*world_size=2 rank=1", head_log), head_log[-3000:]
+    result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")
+    assert result.returncode == 0, result.output[-4000:]
+
+
+def test_the_ray_lane_survives_a_killed_worker_like_the_mp_lane(serving):
+    bed, _, _ = serving
+    _killed_worker_comes_back(bed, "sim-b", "tiny-b")
     result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")
     assert result.returncode == 0, result.output[-4000:]
 

@@ -46,7 +46,7 @@ from sparkinfra.lanes import (
     vllm_errors,
     vllm_request,
 )
-from sparkinfra.scripts.vllm_check import strip_flags
+from sparkinfra.scripts.vllm_check import _find, strip_flags
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -268,9 +268,11 @@ def test_ray_ranks(cluster_of):
     assert serve.split()[:3] == ["vllm", "serve", "cyankiwi/MiniMax-M3-AWQ-INT4"]
     assert head.serve_args[head.serve_args.index("--distributed-executor-backend") + 1] == "ray"
     assert "--nnodes" not in head.serve_args and "--headless" not in head.serve_args
+    assert head.env["RAY_DEDUP_LOGS"] == "0" and "RAY_DEDUP_LOGS" not in launch(find_lane("sim"), cluster, 0).env
     for rank in (1, 2, 3):
         worker = launch(lane, cluster, rank)
         assert worker.serve_args == [] and not worker.api
+        assert worker.env["RAY_DEDUP_LOGS"] == "0"  # each rank's forwarded lines kept, not folded
         assert worker.command == ["bash", "-c", (
             "until (: > /dev/tcp/192.168.192.1/6379) 2>/dev/null; do sleep 1; done; "
             "exec ray start --block --address=192.168.192.1:6379 "
@@ -424,10 +426,13 @@ def test_shipped_lane_passes_vllm(name, vllm_results):
 
 
 def test_sim_lanes_pass_create_engine_config(vllm_results, cluster_of):
+    lane = find_lane("sim")  # mp: every rank runs vllm serve
+    request = vllm_request(lane, cluster_of(lane), engine=True)
+    assert len(request["ranks"]) == 2 and "--headless" in request["ranks"][1]
+    lane = find_lane("sim-b")  # Ray: rank 0 alone runs vllm serve, with Ray's executor
+    request = vllm_request(lane, cluster_of(lane), engine=True)
+    assert request["ranks"][1] == [] and "ray" in request["ranks"][0]
     for name in ("sim", "sim-b"):
-        lane = find_lane(name)
-        request = vllm_request(lane, cluster_of(lane), engine=True)
-        assert len(request["ranks"]) == 2 and "--headless" in request["ranks"][1]
         assert vllm_results[f"lanes/{name}.yaml"]["ok"]
     # the engine check is real: the corpus's rank 2 of 2 is refused by create_engine_config only
     assert "--node-rank" in vllm_results["lanes_bad/rank-beyond-nnodes.yaml"]["error"]
@@ -619,3 +624,13 @@ def test_eugr_cli(tmp_path):
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.startswith("error: tests/unit/eugr/minimax-m3-b12x-mods.yaml, line 9, key 'mods': ")
     assert yaml.safe_load(body)["name"] == "minimax-m2.7-nvfp4"
+
+
+def test_the_image_check_tells_a_missing_layout_from_a_broken_import(tmp_path, monkeypatch):
+    """A module another vLLM does not have is skipped; one that fails while importing (vLLM itself, or
+    a platform plugin it loads) is the reason shown, not "no serve argument parser found"."""
+    (tmp_path / "broken_layout.py").write_text("from json import no_such_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _find(("no_such_vllm.cli_args", "json"), "dumps") is json.dumps
+    with pytest.raises(ImportError, match="no_such_name"):
+        _find(("broken_layout", "json"), "dumps")
