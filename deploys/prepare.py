@@ -1,7 +1,7 @@
 """
 Every node ready for multi-node vLLM: fabric port, address and MTU (persistent), the pinned NCCL
 and the node's NCCL environment (with its own RoCE GID index), the head's SSH mesh to the workers
-over the fabric, no stale lane container.
+over the fabric, the GPU clock (locked when the settings say so), no stale lane container.
 
     pyinfra inventory/pair.py deploys/prepare.py
 """
@@ -11,6 +11,7 @@ from pyinfra import inventory
 from sparkinfra import run
 from sparkinfra.operations.fabric import fabric_address, fabric_link, fabric_persisted
 from sparkinfra.operations.files import text_block
+from sparkinfra.operations.gpu import gpu_clocks_locked
 from sparkinfra.operations.lane import stale_container_absent
 from sparkinfra.operations.mesh import (
     MESH_CONFIG,
@@ -102,6 +103,12 @@ if here.is_head and cluster.workers:
         content=mesh_config(cluster),
         marker=MESH_CONFIG_MARKER,
     )
+
+gpu_clocks_locked(
+    name=f"GPU clock is locked to {config.gpu_clock_cap} MHz" if config.gpu_clock_cap else "GPU clock is the driver's",
+    clocks=config.gpu_clock_cap,
+    present=bool(config.gpu_clock_cap),
+)
 
 stale_container_absent(
     name=f"No stale {config.container_name} container is left by an aborted launch",

@@ -8,6 +8,9 @@ fabric_min_gbps = 1
 # The bed's stand-in libnccl.so.2 (reports 2.30.7), placed on every node by deploys/prepare.py.
 nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so.2"
 preflight_free_gb = 1
+# The eugr README's clock lock, as a site on Sparks that shut down under load sets it (the bed's
+# nvidia-smi stand-in keeps it until reset or reboot).
+gpu_clock_cap = "200,2150"
 
 # Staging: the bed's image is built on the head from a rootfs the bed provides (no registry);
 # the head downloads the tiny Llama from the bed's hub (a gated stand-in for huggingface.co in the

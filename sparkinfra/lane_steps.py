@@ -66,6 +66,21 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
         src=str(serving.CONTAINER_CHECK_SOURCE),
     )
     file_content(
+        name=f"Mod runner is at {serving.APPLY_MODS}",
+        path=serving.APPLY_MODS,
+        src=str(serving.APPLY_MODS_SOURCE),
+    )
+    for mod in lane.mods:  # each file as it is on the controller: the plan holds their digest
+        folder = lanes.mods_dir(lane) / mod
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            relative = path.relative_to(folder).as_posix()
+            file_content(
+                name=f"Mod {mod} of lane {name} has {relative}",
+                path=f"{serving.MODS_DIR}/{name}/{mod}/{relative}",
+                src=str(path),
+                mode="755" if path.stat().st_mode & 0o100 else "644",
+            )
+    file_content(
         name=f"This node's environment for lane {name} is in {serving.env_path(name)} (root only)",
         path=serving.env_path(name),
         content=render(

@@ -32,10 +32,25 @@ MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot,
 LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
-# vLLM's own cache (torch.compile artifacts, model-class inspections) outlives each container: a
-# restart reuses it instead of compiling again (minutes on a GB10) or inspecting again (a process).
-VLLM_CACHE = "/var/cache/sparkinfra/vllm"
-CONTAINER_VLLM_CACHE = "/root/.cache/vllm"
+# The compile caches outlive each container, one folder per lane and image ID on each node
+# (``COMPILE_CACHE/<lane>/<image>/<kind>``, mounted by lane_ctl at each kind's default path in the
+# container): every start after the first skips what it compiled (seed 004: 15-18 minutes cold),
+# and a new image starts clean (lane_ctl removes the folders of the lane's other images).
+COMPILE_CACHE = "/var/cache/sparkinfra/compile"
+COMPILE_CACHES = {
+    "vllm": "/root/.cache/vllm",  # torch.compile artifacts, model-class inspections
+    "inductor": "/tmp/torchinductor_root",  # torch inductor's (TORCHINDUCTOR_CACHE_DIR's default)
+    "triton": "/root/.triton",  # Triton's kernels
+    "flashinfer": "/root/.cache/flashinfer",  # FlashInfer's JIT
+    "nv": "/root/.nv",  # CUDA's ComputeCache (PTX compiled for the GPU)
+}
+# A lane's mods on each node (MODS_DIR/<lane>/<mod>/), mounted read-only into every rank's container,
+# where apply_mods.sh runs each mod's run.sh in order before the lane's command.
+MODS_DIR = "/var/lib/sparkinfra/mods"
+CONTAINER_MODS = "/run/sparkinfra/mods"
+APPLY_MODS = "/usr/local/lib/sparkinfra/apply_mods.sh"
+APPLY_MODS_SOURCE = scripts.path("apply_mods.sh")
+CONTAINER_APPLY_MODS = "/run/sparkinfra/apply_mods.sh"
 CONTAINER_API_KEY = "/run/sparkinfra/api.env"  # the head's secret env file, mounted read-only
 # Exports VLLM_API_KEY from the mounted file, literally (shell builtins, no quoting rules), then runs
 # the lane's command: the key is in the engine's environment, not in the container's configuration
@@ -46,6 +61,12 @@ WITH_API_KEY = (
     '[ -n "${VLLM_API_KEY:-}" ] || { echo "no VLLM_API_KEY in ' + CONTAINER_API_KEY + '" >&2; exit 1; }; '
     'exec "$@"'
 )
+
+
+def compile_cache_mounts(lane: str, image: str) -> list[str]:
+    """The ``-v`` options of ``lane``'s compile caches for the short image ID ``image`` (lane_ctl adds
+    them on the node, where the image ID is known)."""
+    return [x for kind, path in COMPILE_CACHES.items() for x in ("-v", f"{COMPILE_CACHE}/{lane}/{image}/{kind}:{path}")]
 
 
 def unit_name(lane: str) -> str:
@@ -118,6 +139,8 @@ class RankPlan:
     liveness_interval: int  # seconds between the head's one-token completions
     check_args: tuple[str, ...] = ()  # container_check.py's: the pinned NCCL, whether RDMA is checked
     nccl_pin: str = ""  # the pinned library, mounted by lane_ctl over every other libnccl.so* in the container
+    drop_caches: dict | None = None  # while the weights load: every, at_most (seconds), until (health URL)
+    mods: tuple[tuple[str, str], ...] = ()  # (name, digest) of each mod, applied in this order
     liveness_timeout: int = 60
     watch_interval: int = 5  # seconds between the head's checks of its workers
     watch_grace: int = 20  # seconds a worker may take to come up before the watch counts it
@@ -156,6 +179,9 @@ class RankPlan:
             "liveness_timeout": self.liveness_timeout,
             "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args)},
             "nccl_pin": self.nccl_pin,
+            "drop_caches": self.drop_caches,
+            "mods": [{"name": name, "sha256": digest} for name, digest in self.mods],
+            "compile_cache": {"root": f"{COMPILE_CACHE}/{self.lane}", "mounts": COMPILE_CACHES},
         }
         return {**plan, "digest": self.digest} if self.digest else plan
 
@@ -197,9 +223,23 @@ def _env(lane: lanes.Lane, cluster: Cluster, node: Node, launch: lanes.Launch) -
     return dict(sorted(env.items()))
 
 
-def container_command(command: list[str], api_key: bool) -> list[str]:
-    """The container's command: the lane's, behind ``WITH_API_KEY`` when the rank serves with a key."""
-    return ["sh", "-c", WITH_API_KEY, "sparkinfra-api-key", *command] if api_key else list(command)
+def container_command(command: list[str], api_key: bool, mods: list[str] = ()) -> list[str]:
+    """The container's command: the lane's, after its ``mods`` (``apply_mods.sh``), behind
+    ``WITH_API_KEY`` when the rank serves with a key."""
+    command = ["sh", CONTAINER_APPLY_MODS, CONTAINER_MODS, *mods, "--", *command] if mods else list(command)
+    return ["sh", "-c", WITH_API_KEY, "sparkinfra-api-key", *command] if api_key else command
+
+
+def mod_digests(lane: lanes.Lane) -> tuple[tuple[str, str], ...]:
+    """(name, sha256 of its files' paths and contents) of each of ``lane``'s mods: a changed mod
+    moves the lane's digest, so the lane restarts with it."""
+    found = []
+    for mod in lane.mods:
+        folder, digest = lanes.mods_dir(lane) / mod, hashlib.sha256()
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(f"{path.relative_to(folder).as_posix()}\0".encode() + path.read_bytes() + b"\0")
+        found.append((mod, digest.hexdigest()[:16]))
+    return tuple(found)
 
 
 def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[str]:
@@ -212,9 +252,19 @@ def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[
         *secret,
         "-v", f"{config.nccl_library}:{config.nccl_library}:ro",
         "-v", f"{config.model_dir}:{CONTAINER_HF}:ro",
-        "-v", f"{VLLM_CACHE}:{CONTAINER_VLLM_CACHE}",
+        *(["-v", f"{MODS_DIR}/{lane.name}:{CONTAINER_MODS}:ro", "-v", f"{APPLY_MODS}:{CONTAINER_APPLY_MODS}:ro"]
+          if lane.mods else []),
         *lanes.container_options(lane),
     ]
+
+
+def _page_cache_dropper(lane: lanes.Lane, config, api_host: str, api_port: int) -> dict | None:
+    """What a rank's runner does about the page cache while the weights load (None: nothing).
+    Never under instanttensor: seed 001's dropper thrashed that loader instead of helping it."""
+    if not config.page_cache_dropper or lane.serve.get("load_format") == "instanttensor":
+        return None
+    return {"every": config.page_cache_dropper, "at_most": config.lane_ready_timeout,
+            "until": f"http://{api_host}:{api_port}/health"}
 
 
 def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
@@ -234,7 +284,8 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             container=config.container_name,
             image=lane.image or config.image,
             docker_options=tuple(_docker_options(lane, cluster, with_key)),
-            command=tuple(container_command(launch.command, api_key=with_key)),
+            command=tuple(container_command(launch.command, api_key=with_key, mods=lane.mods)),
+            mods=mod_digests(lane),
             env=_env(lane, cluster, node, launch),
             api_port=lane.api_port or config.api_port,
             served_model_name=lane.served_model_name or lane.model,
@@ -243,6 +294,8 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
             liveness_interval=config.lane_liveness_interval,
+            drop_caches=_page_cache_dropper(lane, config, "127.0.0.1" if is_head else str(cluster.head.fabric_ip),
+                                            lane.api_port or config.api_port),
             nccl_pin=config.nccl_library,
             check_args=("--nccl-version", config.nccl_version,
                         *(("--rdma", "--rdma-port", str(cluster.fabric.rdma_port)) if lane.container.rdma else ())),

@@ -92,6 +92,11 @@ class HostSettings(BaseModel):
         "(Gb/s), that `pytest tests/verify --fabric-bandwidth` accepts: 80% of a 200G port by default.",
     )
 
+    gpu_clock_cap: str = Field(
+        "", pattern=r"^(\d{2,4},\d{2,4})?$",
+        description="Lock the GPU clock to MIN,MAX MHz at boot and now (`nvidia-smi -lgc`; the eugr README's "
+        "200,2150 stops shutdowns under load); empty: the driver's own clocks (a lock set earlier is reset).",
+    )
     fabric_persist: bool = Field(
         True,
         description="Keep address and MTU in boot-time config (netplan where present, else a "
@@ -177,6 +182,11 @@ class HostSettings(BaseModel):
     lane_liveness_interval: int = Field(
         30, ge=5, description="Seconds between the head's one-token liveness completions."
     )
+    page_cache_dropper: int = Field(
+        5, ge=0, description="While a lane's weights load, every node drops its page cache this often "
+        "(seconds) until the API answers (seed 001: the load thrashes below 2 GB free); 0: off. Never "
+        "for a lane loading with instanttensor."
+    )
 
     # Benchmarks (deploys/bench.py), from the controller against the head's API
     bench_probes: int = Field(5, ge=1, le=100, description="Probes per workload and thinking mode (seed 001).")
@@ -237,6 +247,14 @@ class HostSettings(BaseModel):
                     odd, other = other, odd
                 raise _rule(odd, f"port {port} is also {other}: the head binds both")
             seen[port] = key
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_clock_range(self) -> "HostSettings":
+        if self.gpu_clock_cap:
+            low, high = (int(x) for x in self.gpu_clock_cap.split(","))
+            if low > high:
+                raise _rule("gpu_clock_cap", f"{self.gpu_clock_cap}: MIN above MAX (MHz, as nvidia-smi -lgc MIN,MAX)")
         return self
 
     @model_validator(mode="after")

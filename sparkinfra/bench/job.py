@@ -58,6 +58,7 @@ class Job:
     max_tokens: int
     workloads: list[str]
     thinking: list[bool]
+    thinking_switch: dict  # the lane's: its chat template's key and off/on values
     pp: list[int]
     tg: list[int]
     depth: list[int]
@@ -143,11 +144,12 @@ def run(job: Job, host=None, log=print) -> Path:
     thinking = tuple(job.thinking)
     workloads = tuple(job.workloads)
     started = time.monotonic()
-    records = warmup(job.base_url, job.served_model, key, workloads, thinking, job.max_tokens)
+    switch = job.thinking_switch
+    records = warmup(job.base_url, job.served_model, key, workloads, thinking, job.max_tokens, switch=switch)
     log(f"warm-up: {len(records)} requests in {time.monotonic() - started:.0f}s")
     for workload in workloads:
         for mode in thinking:
-            done = probe(job.base_url, job.served_model, key, workload, mode, job.probes, job.max_tokens)
+            done = probe(job.base_url, job.served_model, key, workload, mode, job.probes, job.max_tokens, switch=switch)
             records += done
             rates = [p["decode_tps"] for p in done if p["decode_tps"] is not None]
             log(f"probes {workload}, {THINKING_LABELS[mode]}: "
@@ -193,6 +195,7 @@ def job_for(host, cluster) -> Job:
         extra={
             "plan": digest, "image_name": image, "nodes": len(cluster.nodes), "tensor_parallel": lane.tensor_parallel,
             "served_model_name": lane.served_model_name or lane.model,
+            "thinking_switch": lane.thinking.model_dump(),
             **({"VLLM_CPU_KVCACHE_SPACE": kv_space} if kv_space else {}),
         },
     )
@@ -207,6 +210,7 @@ def job_for(host, cluster) -> Job:
         max_tokens=config.bench_max_tokens,
         workloads=list(config.bench_workloads),
         thinking=list(config.bench_thinking),
+        thinking_switch=lane.thinking.model_dump(),
         pp=list(config.bench_pp),
         tg=list(config.bench_tg),
         depth=list(config.bench_depth),

@@ -67,8 +67,18 @@ def _post(url: str, body: dict, api_key: str | None, timeout: float) -> tuple[di
         raise BenchError(f"{url}: not JSON: {payload[:200]!r}") from None
 
 
-def request_body(model: str, workload: str, thinking: bool | None, max_tokens: int = 256) -> dict:
-    """The chat request of one probe: temperature 0, no streaming, thinking through the chat template."""
+# The lane's ``thinking`` (``lanes.schema.Thinking``): the chat template's key and its off/on values.
+DEFAULT_SWITCH = {"key": "enable_thinking", "off_value": False, "on_value": True}
+
+
+def request_body(
+    model: str, workload: str, thinking: bool | None, max_tokens: int = 256, switch: dict | None = None
+) -> dict:
+    """
+    The chat request of one probe: temperature 0, no streaming, thinking through the chat template.
+
+    + switch: the lane's thinking switch (key, off_value, on_value); ``DEFAULT_SWITCH`` when not given
+    """
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
     body: dict[str, Any] = {
@@ -79,7 +89,8 @@ def request_body(model: str, workload: str, thinking: bool | None, max_tokens: i
         "stream": False,
     }
     if thinking is not None:
-        body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        switch = switch or DEFAULT_SWITCH
+        body["chat_template_kwargs"] = {switch["key"]: switch["on_value"] if thinking else switch["off_value"]}
     return body
 
 
@@ -92,13 +103,14 @@ def probe(
     n: int,
     max_tokens: int = 256,
     timeout: float = 600.0,
+    switch: dict | None = None,
 ) -> list[dict]:
     """
     ``n`` single-stream probes of one shape; one dict each: workload, thinking, run, prompt and
     completion tokens (the server's ``usage``), wall seconds, ``decode_tps`` and finish reason.
-    ``thinking``: False/True sets ``enable_thinking``; None leaves the template's default.
+    ``thinking``: False/True sets the lane's switch (``switch``) off/on; None leaves the template's default.
     """
-    url, body = chat_url(base_url), request_body(model, workload, thinking, max_tokens)
+    url, body = chat_url(base_url), request_body(model, workload, thinking, max_tokens, switch)
     out = []
     for run in range(n):
         reply, wall = _post(url, body, api_key, timeout)
@@ -129,11 +141,12 @@ def warmup(
     thinking: tuple[bool | None, ...] = (False, None),
     max_tokens: int = 256,
     timeout: float = 900.0,
+    switch: dict | None = None,
 ) -> list[dict]:
     """One throwaway request per (workload, thinking) shape; their records, marked ``warmup``."""
     out = []
     for w in workloads:
         for t in thinking:
-            record = probe(base_url, model, api_key, w, t, 1, max_tokens, timeout)[0]
+            record = probe(base_url, model, api_key, w, t, 1, max_tokens, timeout, switch)[0]
             out.append({**record, "warmup": True})
     return out

@@ -31,6 +31,7 @@ from .schema import (
     lane_dirs,
     lane_source,
     load_lane,
+    mods_dir,
 )
 from .vllm import (
     check_with_vllm,
@@ -44,5 +45,5 @@ __all__ = [
     "CHECK_CACHE", "CHECK_SCRIPT", "LANES_DIR", "NO_VLLM", "PLACEHOLDERS", "RESERVED", "Container", "Lane",
     "LaneError", "Launch", "display", "check_lane", "display", "check_with_vllm", "container_options", "effective_ports",
     "find_lane", "import_eugr", "lane_dirs", "lane_problems", "lane_source", "lane_yaml", "launch",
-    "load_lane", "refuse_invalid", "serve_flags", "validate_with_vllm", "vllm_errors", "vllm_request",
+    "load_lane", "mods_dir", "refuse_invalid", "serve_flags", "validate_with_vllm", "vllm_errors", "vllm_request",
 ]

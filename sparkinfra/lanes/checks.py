@@ -1,5 +1,5 @@
 """
-A lane against a cluster: what keeps it from serving there (nodes, GPUs, models, ports).
+A lane against a cluster: what keeps it from serving there (nodes, GPUs, models, mods, ports).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..settings import Cluster
-from .schema import Lane, LaneError, find_lane, lane_source
+from .schema import Lane, LaneError, find_lane, lane_source, mods_dir
 
 
 def effective_ports(lane: Lane, cluster: Cluster) -> dict[str, int]:
@@ -47,6 +47,10 @@ def check_lane(lane: Lane, cluster: Cluster) -> list[str]:
         problems.append(
             f"{where}: drafter {lane.drafter!r} is not the setting drafter of cluster {cluster.name} ({staged})"
         )
+    for i, mod in enumerate(lane.mods):
+        if not (mods_dir(lane) / mod / "run.sh").is_file():
+            problems.append(f"{where}: mods[{i}] {mod!r}: no {mods_dir(lane) / mod}/run.sh (a mod is a folder "
+                            "with run.sh and its files)")
     ports = effective_ports(lane, cluster)
     ports_seen: dict[int, str] = {}
     for key, port in ports.items():

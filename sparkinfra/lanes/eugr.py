@@ -104,9 +104,10 @@ def import_eugr(path: str | Path) -> Lane:
     A lane from an eugr/spark-vllm-docker recipe (v1: name, recipe_version, container, command,
     defaults, env, mods...). The lane is named after the recipe file.
 
-    Refused (``LaneError`` naming the file and key): mods (they patch the container at launch),
-    command placeholders without a default, shell expansions in env, and flags sparkinfra sets
-    per rank or from the cluster's settings.
+    A recipe's mods (``mods/<name>`` of the eugr repository) become the lane's ``mods`` by name: copy
+    their folders into the project's ``mods/``. Refused (``LaneError`` naming the file and key): command
+    placeholders without a default, shell expansions in env, and flags sparkinfra sets per rank or
+    from the cluster's settings.
     """
     path = Path(path)
     source = display(path)
@@ -123,10 +124,7 @@ def import_eugr(path: str | Path) -> Lane:
             refuse(key, "required recipe key is missing")
     if str(recipe["recipe_version"]) != "1":
         refuse("recipe_version", f"version {recipe['recipe_version']!r}: only version 1 recipes can be imported")
-    if recipe.get("mods"):
-        mods = ", ".join(str(m) for m in recipe["mods"])
-        refuse("mods", f"mods patch the container at launch ({mods}); a lane runs its image as built: "
-                       "bake them into the image, drop mods, and import again")
+    mods = [Path(str(m)).name for m in recipe.get("mods") or []]  # eugr's mods/<name>: the lane's mods/<name>
 
     defaults = dict(recipe.get("defaults") or {})
     try:
@@ -208,6 +206,7 @@ def import_eugr(path: str | Path) -> Lane:
         "serve": settings,
         "speculative": speculative,
         "env": env,
+        "mods": mods or None,
     }
     try:
         return Lane.model_validate({k: v for k, v in data.items() if v is not None})
@@ -216,5 +215,5 @@ def import_eugr(path: str | Path) -> Lane:
         if lane_path[:1] == ("env",):
             recipe_key = key_text(lane_path)
         else:
-            recipe_key = "container" if lane_path[:1] == ("image",) else "command"
+            recipe_key = {"image": "container", "mods": "mods"}.get(str(lane_path[:1] and lane_path[0]), "command")
         refuse(recipe_key, f"{message} (lane key {key_text(lane_path) or '-'})")

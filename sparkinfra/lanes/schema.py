@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -152,6 +152,17 @@ class Warmup(BaseModel):
         return self
 
 
+class Thinking(BaseModel):
+    """How the model's chat template turns thinking off and on (a ``chat_template_kwargs`` key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field("enable_thinking", min_length=1, description="The template's switch (MiniMax-M3: thinking_mode).")
+    # Not "off"/"on": YAML reads those keys as booleans.
+    off_value: bool | str = Field(False, description="Its value for thinking off (MiniMax-M3: disabled).")
+    on_value: bool | str = Field(True, description="Its value for thinking on (MiniMax-M3: enabled).")
+
+
 class Lane(BaseModel):
     """
     One serving recipe. Every ``vllm serve`` setting sparkinfra does not render itself goes in
@@ -187,7 +198,12 @@ class Lane(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Lane environment; {rank} {fabric_ip} {head_ip}.")
     image_flags: list[str] = Field(default_factory=list, description="Flags only the lane's image knows.")
     container: Container = Field(default_factory=Container)
+    mods: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = Field(
+        default_factory=list, description="Mods (eugr v1: a folder mods/<name>/ with run.sh and its files, next "
+        "to the lane's lanes/ folder), applied in order in every rank's container before its command."
+    )
     warmup: list[Warmup] = Field(default_factory=list)
+    thinking: Thinking = Field(default_factory=Thinking, description="The bench's thinking switch.")
     startup_checks: list[str] = Field(default_factory=list, description="Regexes rank 0's start-up log shows.")
     worker_startup_checks: list[str] = Field(
         default_factory=list, description="Regexes every other rank's start-up log shows."
@@ -429,6 +445,11 @@ def find_lane(name: str, lanes_dir: str | Path | None = None, project: str | Pat
     known = ", ".join(sorted({p.stem for folder in dirs for p in folder.glob("*.yaml")})) or "none"
     where = " or ".join(display(folder) for folder in dirs)
     raise LaneError(f"no lane {name!r} in {where} (lanes: {known})")
+
+
+def mods_dir(lane: Lane) -> Path:
+    """Where ``lane``'s mods are: ``mods/`` next to the ``lanes/`` folder it was read from."""
+    return (Path(lane._source).resolve().parent if lane._source else LANES_DIR).parent / "mods"
 
 
 def lane_source(lane: Lane) -> str:

@@ -28,6 +28,13 @@ PIN_NOTE = (
     "  'lane_ctl.py copies {plan}' on the node lists them"
 )
 
+CACHE_IMAGE = "<image ID>"
+CACHE_NOTE = (
+    "{image}: the short ID of the image on the node; the compile caches (vLLM, inductor, Triton, FlashInfer,\n"
+    "  CUDA) are kept per lane and image, so a restart skips what the last start compiled and a new image\n"
+    "  starts cold (the runner removes the lane's other images' caches)"
+)
+
 
 def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str:
     """The text of ``python -m sparkinfra.lanes show`` for ``lane`` on ``cluster``, headed by what would
@@ -52,6 +59,7 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str
         out += ["  " + line for line in docker_lines(plan)]
         if plan.nccl_pin:
             out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=serving.plan_path(lane.name))]
+        out += ["  " + CACHE_NOTE.format(image=CACHE_IMAGE)]
         out += _env_file(NCCL_ENV_FILE, nccl)
         out += _env_file(serving.env_path(lane.name), plan.env)
         if plan.api_key_file:
@@ -69,7 +77,8 @@ def docker_lines(plan: serving.RankPlan) -> list[str]:
     command = argv[image_at + 1:]
     words = next((i for i, a in enumerate(command) if a.startswith("-")), len(command))
     pinned = [f"-v {shlex.quote(f'{plan.nccl_pin}:{PIN_OVER}:ro')}"] if plan.nccl_pin else []
-    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), *pinned, argv[image_at]]
+    caches = _paired([shlex.quote(a) for a in serving.compile_cache_mounts(plan.lane, CACHE_IMAGE)])
+    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), *pinned, *caches, argv[image_at]]
     lines += [" ".join(command[:words]), *_paired(command[words:])] if command else []
     return [lines[0] + " \\", *(f"    {line} \\" for line in lines[1:-1]), f"    {lines[-1]}"]
 

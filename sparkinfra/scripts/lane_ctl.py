@@ -15,8 +15,12 @@ its parts (start order, watch, liveness, trials, status) cannot be modules of th
                                   over (found once per image ID and mounts, then kept in the marks)
     lane_ctl.py run PLAN          ExecStart: the rank's container; on the head also the lane's watch:
                                   a worker unit that is not active, or an API that stops answering a
-                                  one-token completion, stops the head (its unit restarts the lane)
+                                  one-token completion, stops the head (its unit restarts the lane).
+                                  Every rank drops the page cache while the weights load, until the
+                                  head's /health answers (the plan's drop_caches; none under instanttensor)
     lane_ctl.py post PLAN         head, ExecStopPost: stop the workers (a dead head takes the lane down)
+    lane_ctl.py clean PLAN        ExecStartPre, every rank: remove the stale /dev/shm/psm_* segments a
+                                  crashed container left, drop the page cache
     lane_ctl.py status PLAN       JSON: units, container, started digest, workers, API; {} when the
                                   lane is not placed (--local: this node only, no workers, no API request)
     lane_ctl.py wait-ready PLAN   port open -> /health 200 -> a completion returns tokens
@@ -40,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -280,23 +285,122 @@ def cmd_post(path: str) -> int:
     return 0
 
 
-def docker_run(p: dict) -> list[str]:
-    return ["docker", "run", "--rm", "--name", p["container"], *rank_options(p), p["image"], *p["command"]]
+# Memory hygiene around a start (seed 001, a3refaat's notes)
+# ----------------------------------------------------------
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+SHM = "/dev/shm"
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path(DROP_CACHES).write_text("3\n")
+
+
+def cmd_clean(path: str) -> int:
+    """Before a start (the lane's container is gone): stale PSM segments, then the page cache."""
+    plan(path)
+    stale = sorted(Path(SHM).glob("psm_*"))
+    size = sum(f.stat().st_size for f in stale if f.is_file())
+    for segment in stale:
+        segment.unlink(missing_ok=True)
+    if stale:
+        say(f"removed {len(stale)} stale {SHM}/psm_* segment(s) of a crashed start ({size / 2**20:.0f} MiB)")
+    drop_page_cache()
+    return 0
+
+
+def api_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return resp.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def drop_caches_while_loading(p: dict, done: threading.Event) -> None:
+    """Drop the page cache every ``every`` seconds until the head's API answers ``until`` (the
+    weights are in), the rank's container ends (``done``) or ``at_most`` seconds pass."""
+    spec = p.get("drop_caches")
+    if not spec:
+        return
+    say(f"page-cache dropper: every {spec['every']}s while the weights load, until {spec['until']} answers")
+    started, drops, why = time.monotonic(), 0, ""
+    while not why:
+        if done.wait(spec["every"]):
+            why = "the rank's container ended"
+        elif api_healthy(spec["until"]):
+            why = "the lane is ready"
+        elif time.monotonic() - started > spec["at_most"]:
+            why = f"{spec['at_most']}s passed"
+        else:
+            try:
+                drop_page_cache()
+                drops += 1
+            except OSError as exc:
+                why = f"cannot drop the page cache: {exc}"
+    say(f"page-cache dropper: stopped after {time.monotonic() - started:.0f}s and {drops} drops: {why}")
+
+
+def image_key(p: dict) -> str:
+    """The short image ID the rank's compile caches are kept under."""
+    return image_id(p["image"]).removeprefix("sha256:")[:12] or "unknown"
+
+
+def compile_cache_options(p: dict, image: str) -> list[str]:
+    """Mounts of this lane's compile caches for ``image``: ``<root>/<image>/<kind>``, each at its
+    default path in the container."""
+    spec = p.get("compile_cache") or {"mounts": {}}
+    return [x for kind, path in spec["mounts"].items() for x in ("-v", f"{spec['root']}/{image}/{kind}:{path}")]
+
+
+def prepare_compile_cache(p: dict, image: str) -> None:
+    """Before a start: the folders of the lane's other images removed (a new image starts cold),
+    this image's made; says whether the start is warm and with what."""
+    spec = p.get("compile_cache")
+    if not spec:
+        return
+    root = Path(spec["root"])
+    for old in sorted(root.glob("*")) if root.exists() else []:
+        if old.name != image and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            say(f"compile caches of image {old.name} removed: a new image starts cold")
+    sizes = {}
+    for kind in spec["mounts"]:
+        folder = root / image / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        sizes[kind] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    held = ", ".join(f"{kind} {size / 2**20:.1f} MiB" for kind, size in sizes.items() if size)
+    say(f"compile caches of image {image}: " + (f"warm ({held})" if held else "cold (nothing compiled yet)"))
+
+
+def docker_run(p: dict, image: str) -> list[str]:
+    """The rank's container: the plan's options, the pin over each copy, the compile caches of ``image``."""
+    return ["docker", "run", "--rm", "--name", p["container"], *rank_options(p), *compile_cache_options(p, image),
+            p["image"], *p["command"]]
 
 
 def cmd_run(path: str) -> int:
     p = plan(path)
     try:
-        argv = docker_run(p)
+        image = image_key(p)
+        prepare_compile_cache(p, image)
+        argv = docker_run(p, image)
     except RuntimeError as exc:
         say(str(exc))
         return 1
     Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
     mark(p, "started").write_text(json.dumps({"digest": p["digest"], "at": time.time()}))
     mark(p, "warm").unlink(missing_ok=True)
-    if not p["workers"] and p["rank"] > 0:
-        os.execvp("docker", argv)  # a worker rank: the container is the unit
     child = subprocess.Popen(argv)
+    ended = threading.Event()
+    dropper = threading.Thread(target=drop_caches_while_loading, args=(p, ended), daemon=True)
+    dropper.start()
+    if not p["workers"] and p["rank"] > 0:  # a worker rank: the container is the unit (its ExecStop stops it)
+        code = child.wait()
+        ended.set()
+        dropper.join(timeout=5)
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
     stopping = []
 
     def _stop(signum, frame):
@@ -312,6 +416,8 @@ def cmd_run(path: str) -> int:
             if stopping:
                 break
             say(f"rank 0 container exited with status {code}")
+            ended.set()
+            dropper.join(timeout=5)
             return code or 1  # exit 0 after a dead worker still means "not serving"
         except subprocess.TimeoutExpired:
             pass
@@ -340,7 +446,9 @@ def cmd_run(path: str) -> int:
     workers.start()
     sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
     child.wait()
+    ended.set()
     workers.join()
+    dropper.join(timeout=5)
     return 0 if stopping and not reason else 1
 
 
@@ -560,6 +668,8 @@ def main(argv: list[str]) -> int:
         return cmd_run(path)
     if command == "post":
         return cmd_post(path)
+    if command == "clean":
+        return cmd_clean(path)
     if command == "check":
         return cmd_check(path)
     if command == "copies":

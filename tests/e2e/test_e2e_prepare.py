@@ -30,6 +30,9 @@ def test_first_converge_prepares_every_node(prepared):
             assert any(step in op for op in first.changed[host]), (host, step, first.changed[host])
     assert any("Fabric SSH key" in op for op in first.changed["spark-1"])
     assert any("authorized for spark2" in op for op in first.changed["spark-2"])
+    for host in HOSTS:  # the bed's gpu_clock_cap, through its nvidia-smi stand-in
+        assert any("GPU clock is locked to 200,2150 MHz" in op for op in first.changed[host]), first.changed[host]
+        assert bed.node(host, "cat /run/sparkbed/gpu-locked-clocks").stdout.strip() == "200,2150"
 
 
 def test_second_converge_changes_nothing(prepared):
@@ -70,6 +73,7 @@ def test_persistent_fabric_survives_a_reboot(prepared):
     bed.reboot("spark-2")
     result = bed.verify(INV, *ONLY_PREPARE)
     assert result.returncode == 0, result.output[-3000:]
+    assert bed.node("spark-2", "cat /run/sparkbed/gpu-locked-clocks").stdout.strip() == "200,2150"  # the unit's, at boot
     assert bed.converge(INV, DEPLOY).changes == {h: 0 for h in HOSTS}
 
 

@@ -23,6 +23,7 @@ from sparkinfra.bench import job, probes, report
 from sparkinfra.bench.__main__ import main
 from sparkinfra.bench.benchy import Row, benchy_command, parse_benchy
 from sparkinfra.bench.probes import BenchError, chat_url, probe, warmup
+from sparkinfra.lanes import find_lane
 from sparkinfra.bench.report import (
     Meta,
     compare,
@@ -130,6 +131,18 @@ def test_probe_thinking_default_and_no_key():
     first, second = server.requests
     assert "chat_template_kwargs" not in first["body"] and first["auth"] is None and first["body"]["max_tokens"] == 32
     assert second["body"]["chat_template_kwargs"] == {"enable_thinking": True} and second["auth"] is None
+
+
+def test_probe_thinking_through_the_lanes_switch():
+    """The M3 lanes switch thinking with thinking_mode (seed 001): the probes send the lane's own values."""
+    switch = find_lane("pair-a-balanced").thinking.model_dump()
+    assert switch == {"key": "thinking_mode", "off_value": "disabled", "on_value": "enabled"}
+    with Server() as server:
+        probe(server.url, "org/model", None, "json", False, 1, switch=switch)
+        warmup(server.url, "org/model", None, workloads=("code",), thinking=(True, None), switch=switch)
+    sent = [r["body"].get("chat_template_kwargs") for r in server.requests]
+    assert sent == [{"thinking_mode": "disabled"}, {"thinking_mode": "enabled"}, None]
+    assert find_lane("sim").thinking.model_dump() == probes.DEFAULT_SWITCH  # a lane that says nothing
 
 
 def test_probe_error_never_shows_the_key():
@@ -376,7 +389,7 @@ def test_fetch_tokenizer_copies_once_by_size(tmp_path):
     the_job = job.Job(
         base_url="http://h:8000", served_model="tiny", api_key_env="", snapshot="/hf/snap",
         tokenizer_files={"tokenizer.json": 5, "config.json": 5}, probes=1, max_tokens=8, workloads=["json"],
-        thinking=[False], pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="", coherence=False,
+        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="", coherence=False,
         results_dir=str(tmp_path), meta=report.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
     )
     folder = job.fetch_tokenizer(Head(), the_job, cache=tmp_path / "cache")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import json
 import stat
 import subprocess
+import threading
 
 import pytest
 
@@ -154,3 +157,86 @@ def test_a_failed_search_names_the_image(ctl, monkeypatch):
     ok, lines = ctl.container_check(p)
     assert not ok and lines == ["container check: FAIL nccl: listing the libnccl copies of img:1 failed: "
                                 "docker: no such image"]
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    answers: list[int] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(self.answers.pop(0) if self.answers else 200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+def _dropper(ctl, monkeypatch, capsys, spec, ended=None):
+    drops = ctl.tmp / "drop_caches"
+    drops.write_text("0")
+    writes = []
+    monkeypatch.setattr(ctl, "DROP_CACHES", str(drops))
+    monkeypatch.setattr(ctl.os, "sync", lambda: writes.append(1))
+    ctl.drop_caches_while_loading({"drop_caches": spec}, ended or threading.Event())
+    return len(writes), drops.read_text(), capsys.readouterr().err
+
+
+def test_the_dropper_drops_while_loading_and_stops_when_the_api_answers(ctl, monkeypatch, capsys, health):
+    _Health.answers = [503, 503, 503]  # loading: /health not 200 yet
+    url = f"http://127.0.0.1:{health.server_address[1]}/health"
+    drops, value, out = _dropper(ctl, monkeypatch, capsys, {"every": 0.05, "at_most": 60, "until": url})
+    assert drops == 3 and value == "3\n"
+    assert f"page-cache dropper: every 0.05s while the weights load, until {url} answers" in out
+    assert "and 3 drops: the lane is ready" in out
+
+
+def test_the_dropper_gives_up_and_stops_with_the_container(ctl, monkeypatch, capsys):
+    closed = "http://127.0.0.1:9/health"  # nothing answers: still loading
+    drops, _, out = _dropper(ctl, monkeypatch, capsys, {"every": 0.05, "at_most": 0.3, "until": closed})
+    assert drops >= 2 and "drops: 0.3s passed" in out
+    ended = threading.Event()
+    ended.set()
+    drops, value, out = _dropper(ctl, monkeypatch, capsys, {"every": 0.05, "at_most": 60, "until": closed}, ended)
+    assert drops == 0 and value == "0" and "0 drops: the rank's container ended" in out
+    assert _dropper(ctl, monkeypatch, capsys, None) == (0, "0", "")  # instanttensor, or set off: nothing
+
+
+def test_clean_removes_stale_psm_segments_then_drops_the_page_cache(ctl, monkeypatch, capsys):
+    shm, drops = ctl.tmp / "shm", ctl.tmp / "drop_caches"
+    shm.mkdir()
+    (shm / "psm_1a2b").write_bytes(b"x" * 2**20)
+    (shm / "psm_ffff").write_bytes(b"")
+    (shm / "torch_123").write_bytes(b"keep")  # not PSM's: another tenant's
+    monkeypatch.setattr(ctl, "SHM", str(shm))
+    monkeypatch.setattr(ctl, "DROP_CACHES", str(drops))
+    plan = ctl.tmp / "sim.json"
+    plan.write_text(json.dumps(_plan(ctl)))
+    assert ctl.cmd_clean(str(plan)) == 0
+    assert sorted(p.name for p in shm.iterdir()) == ["torch_123"] and drops.read_text() == "3\n"
+    assert "removed 2 stale" in capsys.readouterr().err
+    assert ctl.cmd_clean(str(plan)) == 0 and "removed" not in capsys.readouterr().err
+
+
+def test_compile_caches_are_kept_per_image_and_a_new_image_starts_cold(ctl, capsys):
+    root = ctl.tmp / "compile" / "sim"
+    p = {"compile_cache": {"root": str(root), "mounts": {"vllm": "/root/.cache/vllm", "triton": "/root/.triton"}}}
+    ctl.prepare_compile_cache(p, "aaaaaaaaaaaa")
+    assert "compile caches of image aaaaaaaaaaaa: cold (nothing compiled yet)" in capsys.readouterr().err
+    (root / "aaaaaaaaaaaa" / "vllm" / "torch_compile_cache").mkdir()
+    (root / "aaaaaaaaaaaa" / "vllm" / "torch_compile_cache" / "graph.py").write_bytes(b"x" * 2**20)
+    ctl.prepare_compile_cache(p, "aaaaaaaaaaaa")  # a restart of the same image: warm
+    assert "compile caches of image aaaaaaaaaaaa: warm (vllm 1.0 MiB)" in capsys.readouterr().err
+    assert ctl.compile_cache_options(p, "aaaaaaaaaaaa") == [
+        "-v", f"{root}/aaaaaaaaaaaa/vllm:/root/.cache/vllm", "-v", f"{root}/aaaaaaaaaaaa/triton:/root/.triton"]
+    ctl.prepare_compile_cache(p, "bbbbbbbbbbbb")  # a new image: the old one's caches go
+    err = capsys.readouterr().err
+    assert "compile caches of image aaaaaaaaaaaa removed: a new image starts cold" in err
+    assert "compile caches of image bbbbbbbbbbbb: cold" in err
+    assert sorted(d.name for d in root.iterdir()) == ["bbbbbbbbbbbb"]

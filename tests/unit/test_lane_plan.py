@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,22 @@ from sparkinfra.run import load_files
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def plans():
+def _sim_cluster():
     mp = pytest.MonkeyPatch()
     mp.chdir(REPO)
     mp.setenv("SPARKBED_API_KEY", "sk-golden")  # the digest holds a tag of the key, never the key
     try:
-        _, settings = load_files("inventory/sim.py")
-        cluster = settings.clusters["sim"]
-        yield serving.rank_plans(lanes.find_lane("sim"), cluster)
+        return load_files("inventory/sim.py")[1].clusters["sim"]
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def plans():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPARKBED_API_KEY", "sk-golden")
+    try:
+        yield serving.rank_plans(lanes.find_lane("sim"), _sim_cluster())
     finally:
         mp.undo()
 
@@ -60,3 +68,66 @@ def test_only_the_head_serves_with_the_key_and_knows_the_workers(plans):
     assert "sk-golden" not in json.dumps([p.runner_plan() for p in plans]) + str([p.env for p in plans])
     assert head.workers == ((str(worker.node.fabric_ip), 1),) and worker.workers == ()
     assert head.unit_values()["restart"] == "always" and worker.unit_values()["restart"] == "no"
+
+
+def test_every_rank_drops_the_page_cache_while_loading_until_the_heads_api_answers(plans):
+    head, worker = plans
+    at_most = _sim_cluster().config.lane_ready_timeout  # as long as a start may take
+    assert head.drop_caches == {"every": 5, "at_most": at_most, "until": "http://127.0.0.1:8000/health"}
+    assert worker.drop_caches == {"every": 5, "at_most": at_most, "until": f"http://{head.head_ip}:8000/health"}
+
+
+def test_no_page_cache_dropper_under_instanttensor_or_when_set_off(plans):
+    """Seed 001's gotcha 9: the dropper helps a safetensors load and thrashes an instanttensor one."""
+    cluster = _sim_cluster()
+    lane = lanes.find_lane("sim")
+    instant = lane.model_copy(update={"serve": {**lane.serve, "load_format": "instanttensor"}})
+    assert [p.drop_caches for p in serving.rank_plans(instant, cluster)] == [None, None]
+    off = cluster.model_copy(update={"config": cluster.config.model_copy(update={"page_cache_dropper": 0})})
+    assert [p.drop_caches for p in serving.rank_plans(lane, off)] == [None, None]
+    assert lanes.find_lane("pair-c-speed").serve["load_format"] == "instanttensor"  # the seed's lane C
+
+
+def _mod(folder: Path, name: str, body: str) -> None:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "run.sh").write_text(f"#!/bin/bash\nset -e\n{body}\n")
+
+
+def test_mods_run_in_order_from_writable_copies_then_the_command(tmp_path):
+    mods, work = tmp_path / "mods", tmp_path / "work"
+    _mod(mods, "first", "echo first >> \"$ORDER\"; touch made-in-the-copy")
+    _mod(mods, "second", "echo second >> \"$ORDER\"")
+    _mod(mods, "broken", "exit 3")
+    env = {"PATH": "/usr/bin:/bin", "ORDER": str(tmp_path / "order"), "SPARKINFRA_MODS_WORK": str(work)}
+
+    def apply(*names):
+        return subprocess.run(["sh", str(serving.APPLY_MODS_SOURCE), str(mods), *names, "--", "echo", "the command"],
+                              capture_output=True, text=True, env=env)
+
+    done = apply("second", "first")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["mod second: applied", "mod first: applied", "the command"]
+    assert (tmp_path / "order").read_text() == "second\nfirst\n" and (work / "first" / "made-in-the-copy").exists()
+    assert not (mods / "first" / "made-in-the-copy").exists()  # the mounted folder stays as staged
+    failed = apply("first", "broken", "second")
+    assert failed.returncode == 1 and "the command" not in failed.stdout
+    assert failed.stdout.splitlines() == ["mod first: applied"]
+    assert "mod broken: run.sh failed: the lane does not start" in failed.stderr
+
+
+def test_a_lane_with_mods_mounts_them_and_a_changed_mod_moves_its_digest(tmp_path):
+    (tmp_path / "lanes").mkdir()
+    text = (REPO / "lanes/sim.yaml").read_text().replace("name: sim\n", "name: modded\nmods: [hello]\n")
+    (tmp_path / "lanes/modded.yaml").write_text(text)
+    _mod(tmp_path / "mods", "hello", "echo hello")
+    cluster = _sim_cluster()
+    lane = lanes.find_lane("modded", project=tmp_path)
+    head, worker = serving.rank_plans(lane, cluster)
+    for plan in (head, worker):
+        assert "/var/lib/sparkinfra/mods/modded:/run/sparkinfra/mods:ro" in plan.docker_options
+        assert plan.runner_plan()["mods"] == [{"name": "hello", "sha256": plan.mods[0][1]}]
+    assert worker.command[:5] == ("sh", serving.CONTAINER_APPLY_MODS, serving.CONTAINER_MODS, "hello", "--")
+    assert head.command[:4] == ("sh", "-c", serving.WITH_API_KEY, "sparkinfra-api-key")  # the key, then the mods
+    assert head.command[4:9] == worker.command[:5]
+    (tmp_path / "mods/hello/run.sh").write_text("#!/bin/bash\necho hello again\n")
+    assert serving.rank_plans(lane, cluster)[0].digest != head.digest

@@ -564,12 +564,26 @@ def test_eugr_imports_pass_vllm(stem, vllm_results):
     assert result["ok"], result["error"]
 
 
-def test_eugr_mods_refused():
-    with pytest.raises(LaneError) as exc:
+def test_eugr_mods_become_the_lanes_mods_by_name(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(RECIPE + "mods:\n  - mods/fix-prometheus-fastapi-routing\n  - mods/minimax-m3-gptq-b12x\n")
+    assert import_eugr(path).mods == ["fix-prometheus-fastapi-routing", "minimax-m3-gptq-b12x"]
+    path.write_text(RECIPE + "mods:\n  - mods/../x y\n")
+    with pytest.raises(LaneError, match="key 'mods'"):
+        import_eugr(path)
+    with pytest.raises(LaneError) as exc:  # the seed's recipe: its mods map, its shell expansion does not
         import_eugr(EUGR / "minimax-m3-b12x-mods.yaml")
-    assert str(exc.value).startswith(
-        f"{lanes.display(EUGR / 'minimax-m3-b12x-mods.yaml')}, line 9, key 'mods': mods patch the container at launch"
-    )
+    assert "line 18, key 'env.HF_TOKEN': '$HF_TOKEN' expands a shell variable" in str(exc.value)
+
+
+def test_a_lanes_mods_must_be_folders_with_run_sh(cluster_of):
+    lane = find_lane("sim-b")
+    assert lane.mods == ["sparkbed-hello"] and check_lane(lane, cluster_of(lane)) == []
+    missing = lane.model_copy(update={"mods": ["sparkbed-hello", "no-such-mod"]})
+    assert check_lane(missing, cluster_of(lane)) == [
+        f"lanes/sim-b.yaml: mods[1] 'no-such-mod': no {lanes.mods_dir(lane)}/no-such-mod/run.sh (a mod is a folder "
+        "with run.sh and its files)"
+    ]
 
 
 RECIPE = """\
@@ -622,7 +636,7 @@ def test_eugr_cli(tmp_path):
         capture_output=True, text=True, cwd=REPO, env=env,
     )
     assert refused.returncode == 1 and refused.stdout == ""
-    assert refused.stderr.startswith("error: tests/unit/eugr/minimax-m3-b12x-mods.yaml, line 9, key 'mods': ")
+    assert refused.stderr.startswith("error: tests/unit/eugr/minimax-m3-b12x-mods.yaml, line 18, key 'env.HF_TOKEN': ")
     assert yaml.safe_load(body)["name"] == "minimax-m2.7-nvfp4"
 
 

@@ -11,7 +11,7 @@ import shlex
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
 from sparkinfra.lanes.__main__ import main
-from sparkinfra.lanes.show import PIN_OVER, docker_lines, show
+from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, show
 from sparkinfra.run import load_files
 
 PAIR = ("model=Sebesky/MiniMax-M3-W4A16-GPTQ", "drafter=Sebesky/MiniMax-M3-EAGLE3-RTN-INT4")
@@ -44,9 +44,11 @@ def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
     spec.loader.exec_module(ctl)
     monkeypatch.setattr(ctl, "nccl_copies", lambda p: [PIN_OVER])
     for plan in serving.rank_plans(find_lane("sim"), _cluster("inventory/sim.py")):
-        runs, planned = ctl.docker_run(plan.runner_plan()), plan.docker_run()
+        runs, planned = ctl.docker_run(plan.runner_plan(), CACHE_IMAGE), plan.docker_run()
         at = planned.index(plan.image)
-        assert runs == [*planned[:at], "-v", f"{plan.nccl_pin}:{PIN_OVER}:ro", *planned[at:]]
+        caches = serving.compile_cache_mounts("sim", CACHE_IMAGE)
+        assert caches[:2] == ["-v", f"/var/cache/sparkinfra/compile/sim/{CACHE_IMAGE}/vllm:/root/.cache/vllm"]
+        assert runs == [*planned[:at], "-v", f"{plan.nccl_pin}:{PIN_OVER}:ro", *caches, *planned[at:]]
         lines = docker_lines(plan)
         assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
         assert shlex.split(" ".join(line.removesuffix(" \\") for line in lines)) == runs

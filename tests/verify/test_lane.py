@@ -79,6 +79,18 @@ def test_the_pin_is_mounted_over_every_nccl_copy(node):
     assert not bare, f"{node}: the pin {config.nccl_library} is not mounted read-only over {bare}"
 
 
+def test_compile_caches_are_kept_per_lane_and_image(node):
+    """vLLM's, inductor's, Triton's, FlashInfer's and CUDA's caches come from the node, kept for this
+    lane and the image the container runs: a restart finds what the last start compiled."""
+    lane = _lane(node)
+    info = _inspect(node, node.cluster.config.container_name)
+    image = info["Image"].removeprefix("sha256:")[:12]
+    mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
+    for kind, path in serving.COMPILE_CACHES.items():
+        wanted = f"{serving.COMPILE_CACHE}/{lane.name}/{image}/{kind}"
+        assert mounts.get(path) == wanted, f"{node}: {path} in the container is {mounts.get(path)!r}, not {wanted}"
+
+
 def test_every_rank_passed_its_container_check(cluster):
     """The head's unit checked every rank's container before this start (its journal, this run)."""
     lane = _lane(cluster[0])
@@ -102,7 +114,7 @@ def test_rank_role(node):
     args = info["Config"]["Cmd"] or []
     wanted = lanes.launch(lane, node.cluster, node.node.rank, gmu=config.gpu_memory_utilization)
     with_key = node.node.rank == 0 and bool(config.api_key_env)
-    command = serving.container_command(wanted.command, api_key=with_key)
+    command = serving.container_command(wanted.command, api_key=with_key, mods=lane.mods)
     assert args == command, f"{node}: runs {args}, the lane renders {command}"
     env = [item.split("=", 1)[0] for item in info["Config"]["Env"] or []]
     assert "VLLM_API_KEY" not in env, f"{node}: the API key is in the container's configuration (docker inspect)"
@@ -124,6 +136,16 @@ def test_startup_log_checks(node):
     log = node.root(f"docker logs {node.cluster.config.container_name} 2>&1").stdout
     missing = [pattern for pattern in checks if not re.search(pattern, log, re.M)]
     assert not missing, f"{node}: rank {node.node.rank}'s start-up log lacks: {missing}"
+
+
+def test_every_rank_applied_the_lanes_mods_in_order(node):
+    """Each mod's run.sh ran in this rank's container, in the lane's order, before its command."""
+    lane = _lane(node)
+    if not lane.mods:
+        pytest.skip(f"lane {lane.name} has no mods")
+    log = node.root(f"docker logs {node.cluster.config.container_name} 2>&1").stdout
+    applied = re.findall(r"^mod (\S+): applied$", log, re.M)
+    assert applied == list(lane.mods), f"{node}: rank {node.node.rank} applied {applied}, the lane has {lane.mods}"
 
 
 def test_every_ranks_nccl_started_on_the_pin_and_the_fabric(node):

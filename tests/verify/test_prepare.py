@@ -102,3 +102,16 @@ def test_no_stale_lane_container(node):
     assert out.rc == 0, out.stderr
     stale = [s for s in out.stdout.splitlines() if s and not s.startswith("Up")]
     assert not stale, f"{node}: stale {name} container: {stale}"
+
+
+def test_gpu_clock_is_locked_as_set(node):
+    """A set gpu_clock_cap: its unit ran nvidia-smi -lgc with the range and holds it; unset: no unit of ours."""
+    cap, unit = node.cluster.config.gpu_clock_cap, "sparkinfra-gpu-clocks.service"
+    service = node.host.service(unit)
+    if not cap:
+        assert not node.host.file(f"/etc/systemd/system/{unit}").exists, f"{node}: {unit} is left from a lock"
+        return
+    assert service.is_running and service.is_enabled, f"{node}: {unit} is not active and enabled"
+    started = node.root(f"systemctl show -p ExecMainStatus --value {unit}").stdout.strip()
+    command = node.root(f"systemctl show -p ExecStart --value {unit}").stdout
+    assert f"-lgc {cap}" in command and started == "0", f"{node}: {unit} ran {command!r} with status {started}"

@@ -1,0 +1,94 @@
+"""
+A lane's start with its compile caches empty (cold) against one with them kept (warm), on the
+simulated pair, measured in one run.
+
+    python benchmarks/warm_start.py          # as root; brings a 2-node bed up (and down at the end)
+
+Serves the sim lane once, then times starts of the whole lane (the head's unit started: the container
+checks, every rank, until a completion returns tokens, ``lane_ctl.py wait-ready``): cold with
+``/var/cache/sparkinfra/compile/sim`` removed on both nodes first, warm right after, alternated for
+``ROUNDS`` rounds. Prints each start, the medians and warm/cold, then what each cache kind holds on
+each node: a kind that stays empty is one this build does not fill (vLLM's CPU build with the sim
+lane's ``enforce_eager`` and ``TORCH_COMPILE_DISABLE`` compiles nothing; Triton, FlashInfer and CUDA
+have no CPU path), so on the bed the figure shows the restart's other costs, not a compile saved. On
+a Spark the same caches hold seed 004's 15-18 minutes of compilation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import sparkbed as bed  # noqa: E402
+from sparkinfra import serving  # noqa: E402
+
+INVENTORY = "inventory/sim.py"
+LANE = "sim"
+NODES = ("spark-1", "spark-2")
+ROUNDS = 2
+
+
+def _pyinfra(*args: str) -> None:
+    subprocess.run(
+        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y", *args],
+        cwd=ROOT, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=bed.controller_env(),
+    )
+
+
+def _on(node: str, command: str) -> str:
+    return bed.node_exec(node, "sh", "-c", command).stdout
+
+
+def start(cold: bool) -> float:
+    """Seconds from the head's unit started to a completion, the lane stopped first."""
+    unit, plan = serving.unit_name(LANE), serving.plan_path(LANE)
+    _on("spark-1", f"systemctl stop {unit}")
+    if cold:
+        for node in NODES:
+            _on(node, f"rm -rf {serving.COMPILE_CACHE}/{LANE}")
+    started = time.monotonic()
+    _on("spark-1", f"systemctl start {unit} && python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready {plan} 600")
+    return time.monotonic() - started
+
+
+def cache_sizes(node: str) -> dict[str, int]:
+    """Bytes each compile cache kind holds on ``node`` (every image of the lane)."""
+    sizes = {}
+    for kind in serving.COMPILE_CACHES:
+        out = _on(node, f"find {serving.COMPILE_CACHE}/{LANE}/*/{kind} -type f -printf '%s\\n' 2>/dev/null "
+                        "| awk '{s += $1} END {print s + 0}'")
+        sizes[kind] = int(out.split()[-1])
+    return sizes
+
+
+def main() -> int:
+    bed.up(2)
+    try:
+        _pyinfra(INVENTORY, "deploys/serve.py")
+        cold, warm = [], []
+        for _ in range(ROUNDS):
+            cold.append(start(cold=True))
+            warm.append(start(cold=False))
+        print(f"lane {LANE} on the simulated pair, {ROUNDS} rounds, cold then warm:")
+        for i, (c, w) in enumerate(zip(cold, warm), 1):
+            print(f"  round {i}: cold {c:6.1f} s   warm {w:6.1f} s")
+        c, w = statistics.median(cold), statistics.median(warm)
+        print(f"median: cold {c:.1f} s, warm {w:.1f} s; warm/cold = {w / c:.2f}")
+        for node in NODES:
+            sizes = cache_sizes(node)
+            held = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sizes.items() if v) or "nothing"
+            empty = ", ".join(k for k, v in sizes.items() if not v)
+            print(f"{node}: the caches hold {held}" + (f"; this build fills no {empty} cache" if empty else ""))
+    finally:
+        bed.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
