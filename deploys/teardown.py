@@ -5,10 +5,11 @@ removed. Images, weights, the fabric and NCCL setup stay: a converge serves agai
     pyinfra inventory/pair.py deploys/teardown.py
 
 A full teardown also removes what sparkinfra installed: the lane units (systemd reloaded), plans,
-env files, runner and marks; the NCCL env file; the fabric address and its boot config (the port's
-MTU stays); the head's SSH mesh and its key on the workers. It needs the cluster's name, checked
-before any connection. Images, model snapshots (with their manifests), the pinned NCCL library and
-the converge lock stay: deploys/serve.py serves again moving neither image nor weights.
+env files, runner, mods and marks; the NCCL env file; the GPU clock lock (the driver's clocks back);
+the fabric address and its boot config (the port's MTU stays); the head's SSH mesh and its key on
+the workers. It needs the cluster's name, checked before any connection. Images, model snapshots
+(with their manifests), the compile caches, the pinned NCCL library and the converge lock stay:
+deploys/serve.py serves again moving neither image nor weights, and starts warm.
 
     pyinfra inventory/pair.py deploys/teardown.py --data teardown=full --data teardown_confirm=pair
 """
@@ -20,6 +21,7 @@ from pyinfra.operations.util import any_changed
 from sparkinfra import run, serving
 from sparkinfra.operations.fabric import fabric_address, fabric_persisted
 from sparkinfra.operations.files import file_content, text_block
+from sparkinfra.operations.gpu import gpu_clocks_locked
 from sparkinfra.operations.lane import (
     container_absent,
     lane_units_absent,
@@ -62,6 +64,8 @@ if config.teardown == "full":
     file_content(name=f"No lane runner is left at {serving.LANE_CTL}", path=serving.LANE_CTL, present=False)
     file_content(name=f"No container check is left at {serving.CONTAINER_CHECK}", path=serving.CONTAINER_CHECK,
                  present=False)
+    file_content(name=f"No mod runner is left at {serving.APPLY_MODS}", path=serving.APPLY_MODS, present=False)
+    files.directory(name=f"No lane mods are left in {serving.MODS_DIR}", path=serving.MODS_DIR, present=False)
     files.directory(name=f"No lane marks are left in {serving.MARKS_DIR}", path=serving.MARKS_DIR, present=False)
     files.directory(
         name=f"No validation marks are left in {serving.STATE_DIR}", path=serving.STATE_DIR, present=False,
@@ -87,6 +91,8 @@ if config.teardown == "full":
             present=False,
         )
 
+    clocks = gpu_clocks_locked(name="GPU clock is the driver's", present=False)
+
     # NCCL and the fabric (the pinned library and the port's MTU stay).
     file_content(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
     boot = fabric_persisted(
@@ -102,4 +108,4 @@ if config.teardown == "full":
         address=address,
         present=False,
     )
-    systemd.daemon_reload(name="systemd has forgotten the removed units", _if=any_changed(units, boot))
+    systemd.daemon_reload(name="systemd has forgotten the removed units", _if=any_changed(units, boot, clocks))
