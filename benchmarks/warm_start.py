@@ -10,8 +10,9 @@ checks, every rank, until a completion returns tokens, ``lane_ctl.py wait-ready`
 ``ROUNDS`` rounds. Prints each start, the medians and warm/cold, then what each cache kind holds on
 each node: a kind that stays empty is one this build does not fill (vLLM's CPU build with the sim
 lane's ``enforce_eager`` and ``TORCH_COMPILE_DISABLE`` compiles nothing; Triton, FlashInfer and CUDA
-have no CPU path), so on the bed the figure shows the restart's other costs, not a compile saved. On
-a Spark the same caches hold seed 004's 15-18 minutes of compilation.
+have no CPU path), so on the bed the figure is what vLLM's own cache saves (its model inspections, measured at
+warm/cold 0.75 on 2026-12-05), not a compile. On a Spark the same caches hold seed 004's 15-18
+minutes of compilation.
 """
 
 from __future__ import annotations
@@ -35,10 +36,16 @@ ROUNDS = 2
 
 
 def _pyinfra(*args: str) -> None:
-    subprocess.run(
+    done = subprocess.run(
         ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y", *args],
-        cwd=ROOT, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=bed.controller_env(),
+        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=bed.controller_env(),
     )
+    if done.returncode != 0:
+        raise SystemExit(f"pyinfra {' '.join(args)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def _on(node: str, command: str) -> str:
@@ -82,7 +89,7 @@ def main() -> int:
         print(f"median: cold {c:.1f} s, warm {w:.1f} s; warm/cold = {w / c:.2f}")
         for node in NODES:
             sizes = cache_sizes(node)
-            held = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sizes.items() if v) or "nothing"
+            held = ", ".join(f"{k} {_size(v)}" for k, v in sizes.items() if v) or "nothing"
             empty = ", ".join(k for k, v in sizes.items() if not v)
             print(f"{node}: the caches hold {held}" + (f"; this build fills no {empty} cache" if empty else ""))
     finally:

@@ -370,7 +370,8 @@ def prepare_compile_cache(p: dict, image: str) -> None:
         folder = root / image / kind
         folder.mkdir(parents=True, exist_ok=True)
         sizes[kind] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    held = ", ".join(f"{kind} {size / 2**20:.1f} MiB" for kind, size in sizes.items() if size)
+    held = ", ".join(f"{kind} {size / 2**20:.1f} MiB" if size >= 2**20 else f"{kind} {size // 1024} KiB"
+                     for kind, size in sizes.items() if size)
     say(f"compile caches of image {image}: " + (f"warm ({held})" if held else "cold (nothing compiled yet)"))
 
 

@@ -231,8 +231,9 @@ def test_compile_caches_are_kept_per_image_and_a_new_image_starts_cold(ctl, caps
     assert "compile caches of image aaaaaaaaaaaa: cold (nothing compiled yet)" in capsys.readouterr().err
     (root / "aaaaaaaaaaaa" / "vllm" / "torch_compile_cache").mkdir()
     (root / "aaaaaaaaaaaa" / "vllm" / "torch_compile_cache" / "graph.py").write_bytes(b"x" * 2**20)
+    (root / "aaaaaaaaaaaa" / "triton" / "kernel.json").write_bytes(b"x" * 3000)
     ctl.prepare_compile_cache(p, "aaaaaaaaaaaa")  # a restart of the same image: warm
-    assert "compile caches of image aaaaaaaaaaaa: warm (vllm 1.0 MiB)" in capsys.readouterr().err
+    assert "compile caches of image aaaaaaaaaaaa: warm (vllm 1.0 MiB, triton 2 KiB)" in capsys.readouterr().err
     assert ctl.compile_cache_options(p, "aaaaaaaaaaaa") == [
         "-v", f"{root}/aaaaaaaaaaaa/vllm:/root/.cache/vllm", "-v", f"{root}/aaaaaaaaaaaa/triton:/root/.triton"]
     ctl.prepare_compile_cache(p, "bbbbbbbbbbbb")  # a new image: the old one's caches go
