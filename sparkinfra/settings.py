@@ -151,6 +151,10 @@ class HostSettings(BaseModel):
     model_revision: str = Field("main", description="Pinned revision (commit) of the target model.")
     drafter: str = Field("", description="Drafter model repository id; empty: none.")
     drafter_revision: str = Field("main", description="Pinned revision (commit) of the drafter.")
+    allow_branch_revisions: bool = Field(
+        False, description="Let a served lane's model_revision/drafter_revision name a branch or tag (main): "
+        "two stages a week apart may then serve different weights. Off: commits (40 hex) only.",
+    )
     hf_token_env: str = Field(
         "HF_TOKEN", pattern=f"^{ENV_NAME}$", description="Controller environment variable holding the Hugging Face token."
     )

@@ -4,10 +4,13 @@ A lane against a cluster: what keeps it from serving there (nodes, GPUs, models,
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..settings import Cluster
 from .schema import Lane, LaneError, find_lane, lane_source, mods_dir
+
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a Hub revision that cannot move
 
 
 def effective_ports(lane: Lane, cluster: Cluster) -> dict[str, int]:
@@ -47,6 +50,15 @@ def check_lane(lane: Lane, cluster: Cluster) -> list[str]:
         problems.append(
             f"{where}: drafter {lane.drafter!r} is not the setting drafter of cluster {cluster.name} ({staged})"
         )
+    if not config.allow_branch_revisions:
+        for key, revision, repo in (("model_revision", config.model_revision, lane.model),
+                                    ("drafter_revision", config.drafter_revision, lane.drafter)):
+            if repo and not COMMIT.fullmatch(revision):
+                problems.append(
+                    f"{where}: {key} {revision!r} of cluster {cluster.name} names a branch or tag, not a commit of "
+                    f"{repo}: two stages a week apart could serve different weights. Pin the commit (40 hex: "
+                    f"huggingface_hub's model_info({repo!r}).sha) or set allow_branch_revisions"
+                )
     for i, mod in enumerate(lane.mods):
         if not (mods_dir(lane) / mod / "run.sh").is_file():
             problems.append(f"{where}: mods[{i}] {mod!r}: no {mods_dir(lane) / mod}/run.sh (a mod is a folder "

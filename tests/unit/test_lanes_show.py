@@ -14,7 +14,9 @@ from sparkinfra.lanes.__main__ import main
 from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, show
 from sparkinfra.run import load_files
 
-PAIR = ("model=Sebesky/MiniMax-M3-W4A16-GPTQ", "drafter=Sebesky/MiniMax-M3-EAGLE3-RTN-INT4")
+MODEL_COMMIT, DRAFTER_COMMIT = "a" * 40, "d" * 40  # stand-ins for the commits a site pins
+PAIR = ("model=Sebesky/MiniMax-M3-W4A16-GPTQ", "drafter=Sebesky/MiniMax-M3-EAGLE3-RTN-INT4",
+        f"model_revision={MODEL_COMMIT}", f"drafter_revision={DRAFTER_COMMIT}")
 
 
 def _cluster(inventory: str, *data: str):
@@ -33,7 +35,18 @@ def test_each_rank_gets_the_fabric_and_its_own_command():
         assert "NCCL_IB_GID_INDEX=<read on the node by deploys/prepare.py" in rank
     assert "--node-rank 0" in head and "--headless" not in head and "serves the API on :8000" in head
     assert "--node-rank 1" in worker and "--headless" in worker
-    assert "model Sebesky/MiniMax-M3-W4A16-GPTQ @ main; drafter Sebesky/MiniMax-M3-EAGLE3-RTN-INT4 @ main" in text
+    assert (f"model Sebesky/MiniMax-M3-W4A16-GPTQ @ {MODEL_COMMIT}; "
+            f"drafter Sebesky/MiniMax-M3-EAGLE3-RTN-INT4 @ {DRAFTER_COMMIT}") in text
+
+
+def test_a_branch_revision_is_refused_unless_the_settings_allow_it():
+    """Two stages a week apart must not serve different weights: a served lane pins commits."""
+    lane, unpinned = find_lane("pair-a-balanced"), PAIR[:2] + (f"drafter_revision={DRAFTER_COMMIT}",)
+    text = show(lane, _cluster("inventory/pair.py", *unpinned))
+    assert ("REFUSED by a converge: lanes/pair-a-balanced.yaml: model_revision 'main' of cluster pair names a branch "
+            "or tag, not a commit of Sebesky/MiniMax-M3-W4A16-GPTQ") in text
+    assert "drafter_revision" not in text.split("\nrank 0")[0]
+    assert "REFUSED" not in show(lane, _cluster("inventory/pair.py", *unpinned, "allow_branch_revisions=true"))
 
 
 def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
