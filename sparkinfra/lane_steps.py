@@ -71,9 +71,7 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
         src=str(serving.APPLY_MODS_SOURCE),
     )
     for mod in lane.mods:  # each file as it is on the controller: the plan holds their digest
-        folder = lanes.mods_dir(lane) / mod
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            relative = path.relative_to(folder).as_posix()
+        for relative, path in serving.mod_files(lane, mod):
             file_content(
                 name=f"Mod {mod} of lane {name} has {relative}",
                 path=f"{serving.MODS_DIR}/{name}/{mod}/{relative}",

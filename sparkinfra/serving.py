@@ -230,14 +230,21 @@ def container_command(command: list[str], api_key: bool, mods: list[str] = ()) -
     return ["sh", "-c", WITH_API_KEY, "sparkinfra-api-key", *command] if api_key else command
 
 
+def mod_files(lane: lanes.Lane, mod: str) -> list[tuple[str, Path]]:
+    """(path in the mod's folder, file on the controller) of every file of ``lane``'s mod ``mod``:
+    what the deploy places on each node and what ``mod_digests`` hashes."""
+    folder = lanes.mods_dir(lane) / mod
+    return [(p.relative_to(folder).as_posix(), p) for p in sorted(folder.rglob("*")) if p.is_file()]
+
+
 def mod_digests(lane: lanes.Lane) -> tuple[tuple[str, str], ...]:
     """(name, sha256 of its files' paths and contents) of each of ``lane``'s mods: a changed mod
     moves the lane's digest, so the lane restarts with it."""
     found = []
     for mod in lane.mods:
-        folder, digest = lanes.mods_dir(lane) / mod, hashlib.sha256()
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            digest.update(f"{path.relative_to(folder).as_posix()}\0".encode() + path.read_bytes() + b"\0")
+        digest = hashlib.sha256()
+        for relative, path in mod_files(lane, mod):
+            digest.update(f"{relative}\0".encode() + path.read_bytes() + b"\0")
         found.append((mod, digest.hexdigest()[:16]))
     return tuple(found)
 

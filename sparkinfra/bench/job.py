@@ -184,6 +184,7 @@ def job_for(host, cluster) -> Job:
     files = host.get_fact(SnapshotFiles, path=snapshot)
     image = lane.image or config.image
     kv_space = next((v for k, v in lane.env.items() if k == "VLLM_CPU_KVCACHE_SPACE"), None)
+    switch = lane.thinking.model_dump()  # its chat template's thinking key and values
     meta = Meta(
         cluster=cluster.name,
         lane=lane.name,
@@ -195,7 +196,7 @@ def job_for(host, cluster) -> Job:
         extra={
             "plan": digest, "image_name": image, "nodes": len(cluster.nodes), "tensor_parallel": lane.tensor_parallel,
             "served_model_name": lane.served_model_name or lane.model,
-            "thinking_switch": lane.thinking.model_dump(),
+            "thinking_switch": switch,
             **({"VLLM_CPU_KVCACHE_SPACE": kv_space} if kv_space else {}),
         },
     )
@@ -210,7 +211,7 @@ def job_for(host, cluster) -> Job:
         max_tokens=config.bench_max_tokens,
         workloads=list(config.bench_workloads),
         thinking=list(config.bench_thinking),
-        thinking_switch=lane.thinking.model_dump(),
+        thinking_switch=switch,
         pp=list(config.bench_pp),
         tg=list(config.bench_tg),
         depth=list(config.bench_depth),

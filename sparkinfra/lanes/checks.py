@@ -59,9 +59,10 @@ def check_lane(lane: Lane, cluster: Cluster) -> list[str]:
                     f"{repo}: two stages a week apart could serve different weights. Pin the commit (40 hex: "
                     f"huggingface_hub's model_info({repo!r}).sha) or set allow_branch_revisions"
                 )
+    mods = mods_dir(lane)
     for i, mod in enumerate(lane.mods):
-        if not (mods_dir(lane) / mod / "run.sh").is_file():
-            problems.append(f"{where}: mods[{i}] {mod!r}: no {mods_dir(lane) / mod}/run.sh (a mod is a folder "
+        if not (mods / mod / "run.sh").is_file():
+            problems.append(f"{where}: mods[{i}] {mod!r}: no {mods / mod}/run.sh (a mod is a folder "
                             "with run.sh and its files)")
     ports = effective_ports(lane, cluster)
     ports_seen: dict[int, str] = {}

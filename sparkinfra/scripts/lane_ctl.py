@@ -397,11 +397,19 @@ def cmd_run(path: str) -> int:
     ended = threading.Event()
     dropper = threading.Thread(target=drop_caches_while_loading, args=(p, ended), daemon=True)
     dropper.start()
-    if not p["workers"] and p["rank"] > 0:  # a worker rank: the container is the unit (its ExecStop stops it)
-        code = child.wait()
-        ended.set()
+    try:
+        if not p["workers"] and p["rank"] > 0:  # a worker rank: the container is the unit (its ExecStop stops it)
+            code = child.wait()
+            return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+        return watch_head(p, child)
+    finally:
+        ended.set()  # the dropper's last line says why it stopped
         dropper.join(timeout=5)
-        return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+
+
+def watch_head(p: dict, child: subprocess.Popen) -> int:
+    """Rank 0's container ``child`` until it ends, is stopped, a worker is not running or the API
+    stops completing; then the container and every worker stopped. The unit's exit status."""
     stopping = []
 
     def _stop(signum, frame):
@@ -417,8 +425,6 @@ def cmd_run(path: str) -> int:
             if stopping:
                 break
             say(f"rank 0 container exited with status {code}")
-            ended.set()
-            dropper.join(timeout=5)
             return code or 1  # exit 0 after a dead worker still means "not serving"
         except subprocess.TimeoutExpired:
             pass
@@ -447,9 +453,7 @@ def cmd_run(path: str) -> int:
     workers.start()
     sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
     child.wait()
-    ended.set()
     workers.join()
-    dropper.join(timeout=5)
     return 0 if stopping and not reason else 1
 
 

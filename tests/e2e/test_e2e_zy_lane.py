@@ -194,8 +194,7 @@ def _refused_start(bed, fault):
     bed.node("spark-2", f"cp -p {PLAN} {PLAN}.saved && cp -p {NCCL_ENV} {NCCL_ENV}.saved && {FAULTS[fault]}")
     try:
         started = bed.node("spark-1", f"systemctl start {UNIT.format('sim')}", check=False)
-        run = bed.node("spark-1", f"systemctl show -p InvocationID --value {UNIT.format('sim')}").stdout.strip()
-        log = bed.node("spark-1", f"journalctl _SYSTEMD_INVOCATION_ID={run} -o cat --no-pager").stdout
+        log = _journal(bed, "spark-1", "sim")
     finally:  # the unit would restart the lane by itself once the files are right again: stop it first
         bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
         bed.node("spark-2", f"mv {PLAN}.saved {PLAN} && mv {NCCL_ENV}.saved {NCCL_ENV}")
