@@ -1,13 +1,15 @@
 """
-One image ID and one verified model snapshot on every node, moved head -> workers over the fabric.
+One image ID and one verified model snapshot on every node, moved head -> workers over the fabric:
+the lane's image (built on the head from its recipe, or pulled by digest), else the cluster's.
 
     pyinfra inventory/pair.py deploys/stage.py            # --data stage_verify=deep: sha256 of every file
 """
 
 from pyinfra import inventory
 
-from sparkinfra import run, transfer
+from sparkinfra import lanes, run, transfer
 from sparkinfra.operations.stage import (
+    image_built,
     image_on_workers,
     image_present,
     snapshot_downloaded,
@@ -21,18 +23,29 @@ cluster = here.cluster
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
 deep = config.stage_verify == "deep"
+image = lanes.lane_image(lanes.find_lane(config.lane), config.image) if config.lane else lanes.Image(config.image)
 
 if here.is_head:
-    image_present(
+    image_present(  # the site's base: downloads run in it, the bed's recipes build on it
         name=f"Image {config.image} is on the head",
         image=config.image,
         image_id=config.image_id,
         tarball=config.image_tarball,
         build=config.image_build,
     )
+    if image.recipe:
+        image_built(
+            name=f"Image {image.ref} is built on the head from recipe images/{image.name}",
+            image=image,
+        )
+    elif image.ref != config.image:
+        image_present(
+            name=f"Lane image {image.ref} is on the head",
+            image=image.ref,
+        )
     image_on_workers(
-        name=f"Every worker has the head's {config.image}",
-        image=config.image,
+        name=f"Every worker has the head's {image.ref}",
+        image=image.ref,
         workers=workers,
     )
 for repo, revision in transfer.models(cluster):

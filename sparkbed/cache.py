@@ -112,17 +112,15 @@ IMAGE_BUILD = (
 )
 
 
-# Files the image carries from this package, at their paths in the image (``image/usr/...``): the
-# ``vllm`` and ``ray`` commands for the CPU build mounted on PYTHONPATH, and the vLLM platform plugin
-# that gives that build a Ray device (``sparkbed_platform``).
-IMAGE_OVERLAY = Path(__file__).parent / "image"
+# The sim lanes' image is a recipe on top of this one (images/sparkbed-lane: the ``vllm`` and ``ray``
+# commands for the CPU build mounted on PYTHONPATH, the vLLM platform plugin that gives that build a
+# Ray device), built on the head by the stage as a Spark's lane image is.
 
 
 def build_image_rootfs() -> None:
-    """A small Debian rootfs with python3, huggingface_hub (in /opt/hf) and ``IMAGE_OVERLAY``."""
+    """A small Debian rootfs with python3 and huggingface_hub (in /opt/hf): the site's base image."""
     marker = IMAGE_ROOTFS / ".sparkbed-ready"
     if marker.exists():
-        _write_image_overlay()
         _write_image_nccl()
         return
     if IMAGE_ROOTFS.exists():
@@ -143,7 +141,6 @@ def build_image_rootfs() -> None:
             path.unlink()
     run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
         "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
-    _write_image_overlay()
     _write_image_nccl()
     marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
     log(f"image rootfs ready in {time.monotonic() - started:.0f}s")
@@ -185,17 +182,6 @@ def _write_image_nccl() -> None:
         compile_nccl_standin(IMAGE_NCCL_VERSION, IMAGE_ROOTFS / path)
     if missing:
         run("ldconfig", "-r", str(IMAGE_ROOTFS))
-
-
-def _write_image_overlay() -> None:
-    for source in sorted(IMAGE_OVERLAY.rglob("*")):
-        if not source.is_file() or "__pycache__" in source.parts:
-            continue
-        target = IMAGE_ROOTFS / source.relative_to(IMAGE_OVERLAY)
-        if not target.exists() or target.read_bytes() != source.read_bytes():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-        target.chmod(source.stat().st_mode & 0o777)
 
 
 # The sim lane's model

@@ -112,9 +112,9 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
     )
     if here.is_head:
         lane_validated(
-            name=f"vLLM in {lane.image or config.image} accepts lane {name}'s arguments for every rank",
+            name=f"vLLM in {mine.image} accepts lane {name}'s arguments for every rank",
             lane=name,
-            image=lane.image or config.image,
+            image=mine.image,
             request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
             docker_options=list(mine.docker_options),
         )

@@ -289,7 +289,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             nodes=len(cluster.nodes),
             head_ip=str(cluster.head.fabric_ip),
             container=config.container_name,
-            image=lane.image or config.image,
+            image=launch.image,
             docker_options=tuple(_docker_options(lane, cluster, with_key)),
             command=tuple(container_command(launch.command, api_key=with_key, mods=lane.mods)),
             mods=mod_digests(lane),

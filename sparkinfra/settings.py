@@ -141,11 +141,17 @@ class HostSettings(BaseModel):
     )
 
     # Staging (deploys/stage.py)
-    image: str = Field("vllm-node:latest", description="Container image that backs every lane.")
+    image: str = Field(
+        "vllm-node:latest", description="The site's base image on the head (model downloads run in it); the image "
+        "of a lane that names none. Pin it by digest (name@sha256:...) and the head pulls it.",
+    )
     image_id: str = Field(
         "", pattern=r"^(sha256:[0-9a-f]{64})?$", description="Expected image ID; empty: the head's."
     )
-    image_build: str = Field("", description="Command run on the head to build the image when missing.")
+    image_build: str = Field(
+        "", description="Command run on the head to make `image` when it is missing (a site without a registry); "
+        "a lane's own image is built from its recipe (images/NAME).",
+    )
     image_tarball: str = Field("", description="docker-save tarball on the head, loaded when missing.")
     model: str = Field("", description="Target model repository id.")
     model_revision: str = Field("main", description="Pinned revision (commit) of the target model.")

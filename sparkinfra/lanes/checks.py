@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from ..settings import Cluster
+from .images import lane_image
 from .schema import Lane, LaneError, find_lane, lane_source, mods_dir
 
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a Hub revision that cannot move
@@ -59,6 +60,11 @@ def check_lane(lane: Lane, cluster: Cluster) -> list[str]:
                     f"{repo}: two stages a week apart could serve different weights. Pin the commit (40 hex: "
                     f"huggingface_hub's model_info({repo!r}).sha) or set allow_branch_revisions"
                 )
+    if lane.image is not None and not isinstance(lane.image, str):
+        try:
+            lane_image(lane, config.image)
+        except LaneError as exc:
+            problems.append(f"{where}: image recipe {lane.image.recipe!r}: {exc}")
     mods = mods_dir(lane)
     for i, mod in enumerate(lane.mods):
         if not (mods / mod / "run.sh").is_file():

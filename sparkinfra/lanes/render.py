@@ -14,6 +14,7 @@ import yaml
 
 from ..settings import Cluster
 from .checks import effective_ports
+from .images import lane_image
 from .schema import PLACEHOLDER_RE, Lane, LaneError, lane_source
 
 
@@ -89,7 +90,7 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
         # Ray forwards every rank's lines to the head's log, but folds lines that differ only in
         # numbers ("world_size=2 rank=1" into rank 0's): the start-up checks read each rank's own.
         env = {"RAY_DEDUP_LOGS": "0", **env}
-    image = lane.image or config.image
+    image = lane_image(lane, config.image).ref
 
     store = f"--object-store-memory={int(lane.ray_object_store_gb * 2**30)}"
     if lane.launch == "ray" and rank > 0:

@@ -163,6 +163,14 @@ class Thinking(BaseModel):
     on_value: bool | str = Field(True, description="Its value for thinking on (MiniMax-M3: enabled).")
 
 
+class ImageRecipe(BaseModel):
+    """A lane's image made by a recipe: ``images/<recipe>/recipe.yaml`` (``sparkinfra.lanes.images``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="The recipe's folder under images/.")
+
+
 class Lane(BaseModel):
     """
     One serving recipe. Every ``vllm serve`` setting sparkinfra does not render itself goes in
@@ -176,7 +184,10 @@ class Lane(BaseModel):
 
     model: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="Target model (HF repo id).")
     drafter: str | None = Field(None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="Drafter (HF repo id).")
-    image: str | None = Field(None, min_length=1, description="Container image; null: the cluster's `image`.")
+    image: Annotated[str, Field(min_length=1)] | ImageRecipe | None = Field(
+        None, description="Container image: a reference (pin it by digest: name@sha256:...), or {recipe: NAME} "
+        "(built on the head from images/NAME/); null: the cluster's `image`.",
+    )
 
     nodes: int = Field(ge=1)
     tensor_parallel: int = Field(ge=1)
@@ -333,7 +344,9 @@ def _lines(node: yaml.Node, source: str, path: tuple = (), out: dict | None = No
     return out
 
 
-def read_yaml(path: Path, source: str) -> tuple[Any, dict[tuple, int]]:
+def read_yaml(
+    path: Path, source: str, holds: str = "a lane file holds one mapping (name, model, nodes...)"
+) -> tuple[Any, dict[tuple, int]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -352,7 +365,7 @@ def read_yaml(path: Path, source: str) -> tuple[Any, dict[tuple, int]]:
         raise LaneError(f"{source}: YAML syntax: {exc}") from None
     lines = _lines(node, source) if node is not None else {}
     if not isinstance(data, dict):
-        raise LaneError(f"{source}: a lane file holds one mapping (name, model, nodes...)")
+        raise LaneError(f"{source}: {holds}")
     return data, lines
 
 

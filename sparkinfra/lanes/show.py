@@ -16,7 +16,8 @@ from .. import serving
 from ..operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
 from ..settings import Cluster
 from .checks import check_lane
-from .schema import Lane
+from .images import lane_image
+from .schema import Lane, LaneError
 
 # A variable whose name says it holds a credential is shown masked.
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
@@ -36,6 +37,25 @@ CACHE_NOTE = (
 )
 
 
+def image_line(lane: Lane, default: str) -> str:
+    """How the lane's image reaches the nodes: built from its recipe, pulled, or the cluster's."""
+    try:
+        image = lane_image(lane, default)
+    except LaneError:
+        return "image: its recipe is refused (above)"
+    if image.recipe and image.recipe.dockerfile:
+        base = f" on {image.recipe.base}" if image.recipe.base else ""
+        how = f"built on the head from images/{image.name}/{image.recipe.dockerfile}{base}"
+    elif image.recipe:
+        how = (f"built on the head by {' '.join(image.recipe.script)} in {image.recipe.repository} at "
+               f"{str(image.recipe.commit)[:12]} ({len(image.recipe.patches)} patches)")
+    elif isinstance(lane.image, str):
+        how = "pulled on the head" if "@sha256:" in image.ref else "on the head already (a tag is not pulled)"
+    else:
+        how = "the cluster's image"
+    return f"image {image.ref}: {how}, then streamed to every worker by image ID"
+
+
 def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str:
     """The text of ``python -m sparkinfra.lanes show`` for ``lane`` on ``cluster``, headed by what would
     make a converge refuse it (``problems``; by default ``check_lane``'s)."""
@@ -48,6 +68,7 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str
     out = [
         f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {plans[0].digest}",
         "  " + "; ".join(revisions),
+        "  " + image_line(lane, config.image),
         "  nothing was connected: what depends on a node (its GID index) is read there by the deploys",
         *(f"  REFUSED by a converge: {problem}" for problem in problems),
     ]

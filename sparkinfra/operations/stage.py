@@ -12,6 +12,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import (
+    FileUploadCommand,
     FunctionCommand,
     QuoteString,
     StringCommand,
@@ -20,7 +21,8 @@ from pyinfra.api import (
 from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.operations import files
 
-from .. import transfer
+from .. import lanes, scripts, transfer
+from ..lanes import images
 from ..facts.reading import gathered, gathered_each
 from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
 from .files import preparing, put_secret, refuse
@@ -39,6 +41,9 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
     + image_id: the ID it must have (``sha256:...``); empty: any
     + tarball: a ``docker save`` tarball on this host to load when the image is missing
     + build: a shell command on this host that builds the image when it is missing
+
+    A reference pinned by digest (``name@sha256:...``) is pulled when it is missing and nothing
+    else is given: a tag is not, since what it names can change between two stages.
     """
     current = gathered(host, DockerImageId, image=image)
     if current is None:
@@ -46,8 +51,13 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
             yield StringCommand("docker", "load", "-i", QuoteString(tarball))
         elif build:
             yield StringCommand("sh", "-c", QuoteString(build))
+        elif "@sha256:" in image:
+            yield StringCommand("docker", "pull", "-q", QuoteString(image))
         else:
-            yield from refuse(f"{host.name}: image {image} is missing; set image_tarball or image_build")
+            yield from refuse(
+                f"{host.name}: image {image} is missing; pin it by digest (name@sha256:...) to pull it, give "
+                "the lane an image recipe, or set image_tarball or image_build"
+            )
             return
         if image_id:
             check = (
@@ -61,6 +71,26 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
         yield from refuse(f"{host.name}: image {image} is {current}, settings want {image_id}")
         return
     host.noop(f"{image} is {current}")
+
+
+@operation()
+def image_built(image: lanes.Image):
+    """
+    Ensure an image recipe's tag is on this host (the head): when it is missing, the recipe's
+    files are uploaded (one tar, into ``images.NODE_DIR/<recipe>/files``) and built there by
+    ``scripts/image_build.sh``. Docker's build cache and a repository's checkout stay, so the
+    build of a changed recipe redoes only what changed; an unchanged recipe builds nothing.
+
+    + image: the lane's image (``lanes.lane_image``) with its recipe
+    """
+    if gathered(host, DockerImageId, image=image.ref):
+        host.noop(f"{image.ref} is built")
+        return
+    folder = f"{images.NODE_DIR}/{image.name}"
+    tarball = f"/run/sparkinfra/recipe-{image.name}.tar"
+    yield StringCommand("install", "-d", "-m", "700", "/run/sparkinfra", QuoteString(folder))
+    yield FileUploadCommand(io.BytesIO(images.recipe_tarball(image.folder)), tarball)
+    yield scripts.command("image_build.sh", image.ref, folder, tarball, *images.build_command_args(image))
 
 
 @operation()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import sparkbed as simbed
+from sparkinfra import lanes
 
 INV = "inventory/sim.py"
 CONTAINER = "vllm_node"
@@ -86,6 +87,11 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     head_ops = first.changed["spark-1"]
     assert any("serves on every node" in op for op in head_ops), head_ops
     assert any("accepts lane sim's arguments" in op for op in head_ops), head_ops
+    ref = _lane_image("sim")  # built once, on the head from its recipe, streamed to the worker
+    assert any(f"Image {ref} is built on the head from recipe images/sparkbed-lane" in op for op in head_ops), head_ops
+    ids = [bed.node(n, f"docker image inspect -f '{{{{.Id}}}}' {ref}").stdout.strip() for n in ("spark-1", "spark-2")]
+    assert ids[0].startswith("sha256:") and ids[0] == ids[1], ids
+    assert bed.node("spark-2", "test -e /var/lib/sparkinfra/images", check=False).returncode == 1
     reply = _assert_serving(bed)
     print(f"first serve converge: {seconds:.0f}s; completion: {reply['choices'][0]['message']['content']!r}")
     worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
@@ -252,6 +258,11 @@ def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
 
 
 GREETING = Path(__file__).resolve().parents[2] / "mods/sparkbed-hello/greeting"
+NOTE = Path(__file__).resolve().parents[2] / "images/sparkbed-lane/rootfs/etc/sparkbed-lane-note"
+
+
+def _lane_image(lane):
+    return lanes.lane_image(lanes.find_lane(lane), "unused").ref
 
 
 def _mod_greeting(bed, node):
@@ -265,17 +276,32 @@ def test_the_ray_lane_survives_a_killed_worker_like_the_mp_lane(serving):
     assert result.returncode == 0, result.output[-4000:]
 
 
-def test_a_changed_mod_restarts_the_lane_with_it(serving):
+def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(serving):
+    """The image recipe gains a file and the mod a new greeting: one converge builds the new tag on
+    the head only, streams it to the worker, and restarts the lane on both; the files put back, the
+    next converge (another test's) finds both tags on every node and builds nothing."""
     bed, _, _ = serving
     before = GREETING.read_text()
     try:
+        NOTE.parent.mkdir(exist_ok=True)
+        NOTE.write_text("a changed recipe\n")
         GREETING.write_text("hello from a changed mod\n")
+        ref = _lane_image("sim-b")
         run = bed.converge(INV, "deploys/serve.py", "lane=sim-b")
+        assert any(f"Image {ref} is built on the head" in op for op in run.changed["spark-1"]), run.changed
+        assert any(f"Every worker has the head's {ref}" in op for op in run.changed["spark-1"]), run.changed
         assert any("Mod sparkbed-hello of lane sim-b has greeting" in op for op in run.changed["spark-2"]), run.changed
         assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
         assert [_mod_greeting(bed, n) for n in ("spark-1", "spark-2")] == ["hello from a changed mod"] * 2
+        for node in ("spark-1", "spark-2"):  # the rank runs the new image, which holds the new file
+            used = bed.node(node, f"docker inspect -f '{{{{.Config.Image}}}}' {CONTAINER}").stdout.strip()
+            note = bed.node(node, f"docker exec {CONTAINER} cat /etc/sparkbed-lane-note", check=False).stdout
+            assert (used, note) == (ref, "a changed recipe\n"), node
     finally:
         GREETING.write_text(before)
+        NOTE.unlink(missing_ok=True)
+        if NOTE.parent.is_dir():
+            NOTE.parent.rmdir()
 
 
 def test_other_lane_started_by_hand_stops_this_one_and_converge_disables_it(serving):

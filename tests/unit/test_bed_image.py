@@ -1,5 +1,5 @@
 """
-What the bed's lane image carries from ``sparkbed/image`` (at its paths in the image), against the
+What the bed's lane image recipe (``images/sparkbed-lane``) adds at its paths in the image, against the
 controller's own vLLM CPU build and Ray (the ``sim`` extra, the tree the bed mounts into the image):
 the ``vllm.platform_plugins`` entry point vLLM finds, the Ray device it names, the communicator it
 resolves, and the ``ray`` command's stand-in GPU.
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkbed.cache import IMAGE_OVERLAY
+from sparkinfra.lanes import load_recipe
 
+RECIPE = Path(__file__).resolve().parents[2] / "images/sparkbed-lane"
+IMAGE_OVERLAY = RECIPE / "rootfs"
 SITE = IMAGE_OVERLAY / "usr/local/lib/python3.11/dist-packages"
 RAY = IMAGE_OVERLAY / "usr/local/bin/ray"
 

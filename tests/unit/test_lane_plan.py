@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -118,6 +119,7 @@ def test_mods_run_in_order_from_writable_copies_then_the_command(tmp_path):
 def test_a_lane_with_mods_mounts_them_and_a_changed_mod_moves_its_digest(tmp_path):
     (tmp_path / "lanes").mkdir()
     text = (REPO / "lanes/sim.yaml").read_text().replace("name: sim\n", "name: modded\nmods: [hello]\n")
+    text = re.sub(r"(?m)^image: .*\n", "", text)  # the recipe is not in tmp_path: the cluster's image
     (tmp_path / "lanes/modded.yaml").write_text(text)
     _mod(tmp_path / "mods", "hello", "echo hello")
     cluster = _sim_cluster()

@@ -1,0 +1,204 @@
+"""
+Image recipes: how a lane's image is made, as data (``images/<name>/recipe.yaml`` next to the
+``lanes/`` folder, with the files it builds from). The head builds a recipe once, tags it
+``sparkinfra/<name>:<digest>`` (the digest of the recipe and every file in its folder), and the
+stage streams it to the workers by image ID; an unchanged recipe builds nothing, a changed one
+gets a new tag, so the lane's plan changes and the lane restarts on the new image.
+
+Two kinds, as the seeds build theirs:
+
+- ``dockerfile``: a Dockerfile in the recipe's folder, which is the build context (patches, wheels
+  and files beside it); ``base``, ``vllm_ref``, ``vllm_prs``, ``wheels`` and ``build_args`` reach
+  it as build arguments (the shape of eugr's ``build-and-copy.sh`` options).
+- ``repository``: a build repository at a pinned commit, ``patches`` from the recipe's folder
+  applied in order, then its own build ``script`` (seed 001: a3refaat's branch of eugr's
+  spark-vllm-docker, two patches, ``./build-deploy.sh``), which makes the image ``produces``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+from typing import Annotated, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .schema import LANES_DIR, Lane, LaneError, _rule, display, key_text, line_of, locate, read_yaml, validation_error
+
+RECIPE_FILE = "recipe.yaml"
+# Each recipe's folder on the head: its files (the build context), and for a repository its checkout
+# (``src``, kept with docker's build cache: the next build of a changed recipe reuses both).
+NODE_DIR = "/var/lib/sparkinfra/images"
+TAG_PREFIX = "sparkinfra/"
+NAME = r"^[a-z0-9][a-z0-9._-]*$"  # a recipe's folder: also the repository part of its image's tag
+FILE = r"^\w[\w./+-]*$"  # a file in the recipe's folder (no "..": never outside it)
+ARG = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Recipe(BaseModel):
+    """
+    One image recipe (``images/<name>/recipe.yaml``). Exactly one of ``dockerfile`` and
+    ``repository``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str = ""
+    # A Dockerfile in this folder; the folder is the build context.
+    dockerfile: str | None = Field(None, pattern=FILE, description="The Dockerfile, in the recipe's folder.")
+    base: str | None = Field(
+        None, min_length=1, description="BASE_IMAGE: the image the Dockerfile starts FROM (pin it by digest).",
+    )
+    vllm_ref: str | None = Field(None, pattern=r"^[\w./-]+$", description="VLLM_REF: vLLM's commit or tag.")
+    vllm_prs: list[int] = Field(default_factory=list, description="VLLM_PRS: vLLM pull requests applied on top.")
+    wheels: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="WHEELS: wheel files in the folder to install.")
+    build_args: dict[str, str] = Field(default_factory=dict, description="Further build arguments.")
+    # Or a build repository at a pinned commit, patched, built by its own script.
+    repository: str | None = Field(
+        None, pattern=r"^(https://|file:///)\S+$", description="The build repository's git URL.",
+    )
+    commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="The commit to build (40 hex).")
+    patches: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="Patch files in the folder, applied in order.")
+    script: list[str] = Field(default_factory=list, description="The build command, run in the checkout.")
+    produces: str | None = Field(None, min_length=1, description="The image (name:tag) the script makes.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Recipe:
+        if (self.dockerfile is None) == (self.repository is None):
+            raise _rule("give either dockerfile (built here) or repository (built by its own script)")
+        if self.dockerfile is not None:
+            for key in ("commit", "produces", "patches", "script"):
+                if getattr(self, key):
+                    raise _rule("only for a repository recipe (a Dockerfile applies its own patches)", key)
+        else:
+            missing = [k for k in ("commit", "script", "produces") if not getattr(self, k)]
+            if missing:
+                raise _rule(f"a repository recipe needs {', '.join(missing)}")
+            for key in ("base", "vllm_ref", "vllm_prs", "wheels", "build_args"):
+                if getattr(self, key):
+                    raise _rule("only for a dockerfile recipe (give them to the script)", key)
+        for key, values in (("dockerfile", [self.dockerfile or ""]), ("wheels", self.wheels), ("patches", self.patches)):
+            for i, relative in enumerate(values):
+                if ".." in relative.split("/"):
+                    raise _rule(f"{relative!r}: a recipe's files are in its folder (no ..)", key,
+                                *([i] if key != "dockerfile" else []))
+        for name in self.build_args:
+            if not re.fullmatch(ARG, name):
+                raise _rule(f"{name!r} is not a build argument name", "build_args")
+        return self
+
+
+class Image(NamedTuple):
+    """The image a lane runs: its reference on the nodes, and the recipe that makes it (if any)."""
+
+    ref: str
+    recipe: Recipe | None = None
+    name: str = ""  # the recipe's name
+    folder: Path | None = None  # the recipe's folder on the controller
+    digest: str = ""  # of the recipe and its files
+
+
+def images_dir(lane: Lane) -> Path:
+    """Where ``lane``'s image recipes are: ``images/`` next to the ``lanes/`` folder it was read from."""
+    return (Path(lane._source).resolve().parent if lane._source else LANES_DIR).parent / "images"
+
+
+def load_recipe(folder: Path) -> Recipe:
+    """Read and validate ``folder/recipe.yaml``; every file it names must be in ``folder``.
+
+    Raises ``LaneError`` naming the file, the key and the line."""
+    path = folder / RECIPE_FILE
+    source = display(path)
+    if not path.is_file():
+        raise LaneError(f"{source}: no such recipe (an image recipe is a folder images/<name>/ with {RECIPE_FILE})")
+    data, lines = read_yaml(path, source, holds="an image recipe holds one mapping (dockerfile or repository...)")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        where, message = validation_error(exc, data)
+        raise LaneError(f"{locate(source, key_text(where), line_of(lines, where))}: {message}") from None
+    named = [(("dockerfile",), recipe.dockerfile)] if recipe.dockerfile else []
+    named += [(("wheels", i), w) for i, w in enumerate(recipe.wheels)]
+    named += [(("patches", i), p) for i, p in enumerate(recipe.patches)]
+    for where, relative in named:
+        if not (folder / relative).is_file():
+            raise LaneError(
+                f"{locate(source, key_text(where), line_of(lines, where))}: no file {relative} in {display(folder)}"
+            )
+    return recipe
+
+
+def recipe_files(folder: Path) -> list[tuple[str, Path]]:
+    """(path in the recipe's folder, file on the controller) of every file of a recipe: what the
+    deploy places on the head and what the digest covers."""
+    return [
+        (p.relative_to(folder).as_posix(), p) for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
+
+
+def recipe_digest(folder: Path, recipe: Recipe) -> str:
+    """sha256 (16 hex) of the recipe's settings and every file in its folder (paths, contents, the
+    executable bit): equal digests, equal images."""
+    digest = hashlib.sha256(json.dumps(recipe.model_dump(), sort_keys=True).encode())
+    for relative, path in recipe_files(folder):
+        mode = "x" if path.stat().st_mode & 0o100 else "-"
+        digest.update(f"{relative}\0{mode}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def lane_image(lane: Lane, default: str) -> Image:
+    """The image ``lane`` runs: its recipe's tag (``sparkinfra/<name>:<digest>``), its reference,
+    else ``default`` (the cluster's ``image``)."""
+    if isinstance(lane.image, str):
+        return Image(lane.image)
+    if lane.image is None:
+        return Image(default)
+    name = lane.image.recipe
+    folder = images_dir(lane) / name
+    recipe = load_recipe(folder)
+    digest = recipe_digest(folder, recipe)
+    return Image(f"{TAG_PREFIX}{name}:{digest}", recipe, name, folder, digest)
+
+
+def build_args(recipe: Recipe) -> list[str]:
+    """``NAME=value`` of every build argument a dockerfile recipe gives its Dockerfile."""
+    named = {
+        "BASE_IMAGE": recipe.base,
+        "VLLM_REF": recipe.vllm_ref,
+        "VLLM_PRS": " ".join(str(pr) for pr in recipe.vllm_prs) or None,
+        "WHEELS": " ".join(recipe.wheels) or None,
+    }
+    return [f"{k}={v}" for k, v in {**{k: v for k, v in named.items() if v}, **recipe.build_args}.items()]
+
+
+def build_command_args(image: Image) -> list[str]:
+    """What ``scripts/image_build.sh`` takes after its tarball for ``image``'s recipe: the kind,
+    then a Dockerfile and its build arguments, or a repository, commit, the image its script makes,
+    the patches (counted) and the script."""
+    recipe = image.recipe
+    if recipe is None:
+        raise ValueError(f"{image.ref} has no recipe")
+    if recipe.dockerfile:
+        return ["dockerfile", recipe.dockerfile, *build_args(recipe)]
+    return [
+        "repository", str(recipe.repository), str(recipe.commit), str(recipe.produces),
+        str(len(recipe.patches)), *recipe.patches, *recipe.script,
+    ]
+
+
+def recipe_tarball(folder: Path) -> bytes:
+    """The recipe's files as one tar (sorted, owner root, mtime 0: equal files, equal bytes), what
+    the head unpacks as the build's context."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for relative, path in recipe_files(folder):
+            info = tarfile.TarInfo(relative)
+            data = path.read_bytes()
+            info.size, info.mode = len(data), 0o755 if path.stat().st_mode & 0o100 else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()

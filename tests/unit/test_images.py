@@ -1,0 +1,246 @@
+"""
+Image recipes (``sparkinfra.lanes.images``): the bed's and the seeds' recipes load, their digest moves
+with every setting and file and nothing else, a bad recipe is refused naming the file, key and line,
+the head's build script (``scripts/image_build.sh``) builds both kinds against stand-in ``docker``,
+and ``image_built`` yields nothing when the tag is there.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from pyinfra.api import FileUploadCommand
+from pyinfra.context import ctx_host, ctx_state
+
+from sparkinfra import lanes, scripts
+from sparkinfra.lanes import images
+from sparkinfra.operations.stage import image_built
+
+from test_lane_plan import _sim_cluster
+from test_operations import FakeHost, rendered
+from test_stage import stubs
+
+REPO = Path(__file__).resolve().parents[2]
+BED = REPO / "images/sparkbed-lane"
+
+
+def _recipe(tmp_path: Path, text: str, **files: str) -> Path:
+    folder = tmp_path / "images" / "r"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "recipe.yaml").write_text(text)
+    for name, body in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(body)
+    return folder
+
+
+def test_the_sim_lanes_run_the_beds_recipe_built_on_the_beds_base_image():
+    bed_image = ast.literal_eval(
+        next(line.split("=", 1)[1] for line in (REPO / "group_data/bed.py").read_text().splitlines()
+             if line.startswith("image ="))
+    )
+    recipe = images.load_recipe(BED)
+    assert recipe.base == bed_image and recipe.dockerfile == "Dockerfile"
+    for name in ("sim", "sim-b", "sim-long"):
+        image = lanes.lane_image(lanes.find_lane(name), "unused")
+        assert image.ref == f"sparkinfra/sparkbed-lane:{images.recipe_digest(BED, recipe)}"
+        assert image.recipe == recipe and image.folder == BED
+    assert "ARG BASE_IMAGE" in (BED / "Dockerfile").read_text()
+    assert images.build_command_args(image) == ["dockerfile", "Dockerfile", "BASE_IMAGE=sparkbed/stage:1"]
+
+
+def test_a_lane_without_a_recipe_runs_its_reference_or_the_clusters_image():
+    lane = lanes.find_lane("pair-a-balanced")
+    assert lanes.lane_image(lane, "vllm-node:latest") == images.Image("vllm-node:latest")
+    pinned = lane.model_copy(update={"image": "nvcr.io/nvidia/vllm@sha256:" + "a" * 64})
+    assert lanes.lane_image(pinned, "vllm-node:latest").ref == pinned.image
+
+
+def test_the_digest_moves_with_each_setting_file_and_mode_and_nothing_else(tmp_path):
+    folder = _recipe(tmp_path, "dockerfile: Dockerfile\nbase: b:1\n", Dockerfile="FROM b\n", **{"p/a.patch": "x"})
+    first = images.recipe_digest(folder, images.load_recipe(folder))
+    assert images.recipe_digest(folder, images.load_recipe(folder)) == first
+    assert images.recipe_tarball(folder) == images.recipe_tarball(folder)
+    seen = {first}
+    (folder / "p/a.patch").write_text("y")
+    seen.add(images.recipe_digest(folder, images.load_recipe(folder)))
+    (folder / "p/a.patch").chmod(0o755)
+    seen.add(images.recipe_digest(folder, images.load_recipe(folder)))
+    (folder / "recipe.yaml").write_text("dockerfile: Dockerfile\nbase: b:2\n")
+    seen.add(images.recipe_digest(folder, images.load_recipe(folder)))
+    (folder / "new.txt").write_text("")
+    seen.add(images.recipe_digest(folder, images.load_recipe(folder)))
+    assert len(seen) == 5
+
+
+def test_the_tarball_holds_every_file_with_its_mode():
+    with tarfile.open(fileobj=io.BytesIO(images.recipe_tarball(BED))) as tar:
+        members = {m.name: m.mode for m in tar.getmembers()}
+    assert set(members) == {relative for relative, _ in images.recipe_files(BED)}
+    assert members["rootfs/usr/local/bin/vllm"] == 0o755 and members["Dockerfile"] == 0o644
+
+
+@pytest.mark.parametrize("text, files, expected", [
+    ("base: b:1\n", {}, "recipe.yaml: give either dockerfile (built here) or repository"),
+    ("dockerfile: Dockerfile\nrepository: https://x/y\n", {"Dockerfile": ""}, "give either dockerfile"),
+    ("dockerfile: Dockerfile\n", {}, "line 1, key 'dockerfile': no file Dockerfile in"),
+    ("dockerfile: D\nwheels: [a.whl, b.whl]\n", {"D": "", "a.whl": ""}, "line 2, key 'wheels[1]': no file b.whl"),
+    ("dockerfile: ../D\n", {}, "key 'dockerfile'"),
+    ("dockerfile: D\nwheels: [x/../../y.whl]\n", {"D": ""}, "key 'wheels[0]': 'x/../../y.whl': a recipe's files are in its folder"),
+    ("dockerfile: D\ncommit: " + "a" * 40 + "\n", {"D": ""}, "key 'commit': only for a repository recipe"),
+    ("dockerfile: D\nbuild_args: {'a b': x}\n", {"D": ""}, "key 'build_args': 'a b' is not a build argument name"),
+    ("dockerfile: D\nbsae: x\n", {"D": ""}, "key 'bsae'"),
+    ("repository: https://x/y\ncommit: main\nscript: [./b]\nproduces: i:1\n", {}, "key 'commit'"),
+    ("repository: https://x/y\ncommit: " + "a" * 40 + "\n", {}, "a repository recipe needs script, produces"),
+    ("repository: https://x/y\ncommit: " + "a" * 40 + "\nscript: [./b]\nproduces: i\nvllm_ref: v1\n", {},
+     "key 'vllm_ref': only for a dockerfile recipe (give them to the script)"),
+    ("repository: ssh://x/y\n", {}, "key 'repository'"),
+    ("- a\n", {}, "an image recipe holds one mapping"),
+])
+def test_a_bad_recipe_is_refused_naming_the_file_key_and_line(tmp_path, text, files, expected):
+    folder = _recipe(tmp_path, text, **files)
+    with pytest.raises(lanes.LaneError) as err:
+        images.load_recipe(folder)
+    assert expected in str(err.value) and "images/r/recipe.yaml" in str(err.value)
+
+
+def test_a_lane_naming_a_missing_recipe_is_refused_by_the_lane_check(tmp_path):
+    (tmp_path / "lanes").mkdir()
+    text = (REPO / "lanes/sim.yaml").read_text().replace("recipe: sparkbed-lane", "recipe: nope")
+    (tmp_path / "lanes/sim.yaml").write_text(text)
+    lane = lanes.find_lane("sim", project=tmp_path)
+    problems = lanes.check_lane(lane, _sim_cluster())
+    assert any("image recipe 'nope'" in p and "images/nope/recipe.yaml: no such recipe" in p for p in problems)
+
+
+def test_the_seeds_recipes_load_with_pinned_commits():
+    for folder in sorted(p.parent for p in (REPO / "images").glob("*/recipe.yaml")):
+        recipe = images.load_recipe(folder)
+        assert recipe.description, folder
+        if recipe.repository:
+            assert len(recipe.commit or "") == 40
+        elif recipe.base and "/" in recipe.base and folder != BED:
+            assert "@sha256:" in recipe.base, f"{folder}: a base that is pulled is pinned by digest"
+
+
+# The head's build script, against a stand-in docker that records its arguments and makes images
+# as files.
+DOCKER = """
+log={log}
+echo "docker $*" >> "$log"
+case "$1" in
+  build) tag=$3; touch "{images}/$(echo "$tag" | tr / _)";;
+  tag) [ -e "{images}/$(echo "$2" | tr / _)" ] && touch "{images}/$(echo "$3" | tr / _)";;
+  image) [ -e "{images}/$(echo "$3" | tr / _)" ];;
+esac
+"""
+
+
+def _build(tmp_path: Path, folder: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    (tmp_path / "images-made").mkdir(exist_ok=True)
+    log = tmp_path / "docker.log"
+    env = stubs(tmp_path, docker=DOCKER.format(log=log, images=tmp_path / "images-made"))
+    tarball = tmp_path / "recipe.tar"
+    tarball.write_bytes(images.recipe_tarball(folder))
+    node = tmp_path / "node"
+    proc = subprocess.run(
+        ["sh", str(scripts.path("image_build.sh")), "sparkinfra/r:abc", str(node), str(tarball), *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    return proc, log.read_text() if log.exists() else ""
+
+
+def test_a_dockerfile_recipe_is_built_from_its_files_with_its_build_args(tmp_path):
+    folder = _recipe(tmp_path, "dockerfile: D\nbase: b:1\nvllm_prs: [1, 2]\nbuild_args: {X: 'a b'}\n", D="FROM b\n")
+    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder, "abc")
+    args = images.build_command_args(image)
+    assert args == ["dockerfile", "D", "BASE_IMAGE=b:1", "VLLM_PRS=1 2", "X=a b"]
+    proc, log = _build(tmp_path, folder, *args)
+    assert proc.returncode == 0, proc.stderr
+    node = tmp_path / "node"
+    assert log.splitlines() == [
+        f"docker build --tag sparkinfra/r:abc --file {node}/files/D --build-arg BASE_IMAGE=b:1 "
+        f"--build-arg VLLM_PRS=1 2 --build-arg X=a b {node}/files"
+    ]
+    assert (node / "files/D").read_text() == "FROM b\n" and not (tmp_path / "recipe.tar").exists()
+
+
+@pytest.fixture
+def build_repo(tmp_path):
+    """A local git repository with a build script that makes the image ``made:1``."""
+    if not shutil.which("git"):
+        pytest.skip("git is not installed")
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    (repo / "build.sh").write_text('#!/bin/sh\necho "built $(cat version) with $*"\ndocker build -t made:1 .\n')
+    (repo / "build.sh").chmod(0o755)
+    (repo / "version").write_text("v1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (repo / "version").write_text("v2 (not the pinned commit)\n")
+    subprocess.run([*git, "commit", "-q", "-am", "two"], check=True)
+    return repo, commit
+
+
+def test_a_repository_recipe_builds_the_pinned_commit_patched_by_its_script(tmp_path, build_repo):
+    repo, commit = build_repo
+    patch = "--- a/version\n+++ b/version\n@@ -1 +1 @@\n-v1\n+v1-patched\n"
+    text = f"repository: file://{repo}\ncommit: {commit}\npatches: [fix.patch]\nscript: [./build.sh, --x]\nproduces: made:1\n"
+    folder = _recipe(tmp_path, text, **{"fix.patch": patch})
+    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder, "abc")
+    args = images.build_command_args(image)
+    assert args == ["repository", f"file://{repo}", commit, "made:1", "1", "fix.patch", "./build.sh", "--x"]
+    proc, log = _build(tmp_path, folder, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "built v1-patched with --x" in proc.stdout
+    assert log.splitlines()[-1] == "docker tag made:1 sparkinfra/r:abc"
+    # Again: the checkout is reused (no fetch), reset to the commit and patched once more.
+    proc, _ = _build(tmp_path, folder, *args)
+    assert proc.returncode == 0 and "built v1-patched with --x" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("patch", "patch fix.patch does not apply to"),
+    ("produces", "the build script made no image other:1"),
+    ("commit", "cannot fetch"),
+])
+def test_a_failed_repository_build_names_its_step(tmp_path, build_repo, fault, expected):
+    repo, commit = build_repo
+    patch = "--- a/version\n+++ b/version\n@@ -1 +1 @@\n-not there\n+x\n" if fault == "patch" else ""
+    produces = "other:1" if fault == "produces" else "made:1"
+    commit = "b" * 40 if fault == "commit" else commit
+    folder = _recipe(tmp_path, "x: 1\n", **{"fix.patch": patch})
+    proc, _ = _build(tmp_path, folder, "repository", f"file://{repo}", commit, produces,
+                     *(["1", "fix.patch"] if patch else ["0"]), "./build.sh")
+    assert proc.returncode != 0 and f"image_build sparkinfra/r:abc: {expected}" in proc.stderr, proc.stderr
+
+
+def test_image_built_builds_only_a_missing_tag():
+    image = lanes.lane_image(lanes.find_lane("sim"), "unused")
+    fact = {"fact": "DockerImageId", "args": {"image": image.ref}}
+    for value, built in ((f"sha256:{'1' * 64}", False), (None, True)):
+        host = FakeHost("spark-1", [{**fact, "value": value}])
+        with ctx_state.use(host.state), ctx_host.use(host):
+            commands = list(image_built._inner(image=image))
+        if not built:
+            assert commands == [] and host.noops == [f"{image.ref} is built"]
+            continue
+        install, upload, build = commands
+        assert rendered(install) == f"install -d -m 700 /run/sparkinfra {images.NODE_DIR}/sparkbed-lane"
+        assert isinstance(upload, FileUploadCommand) and upload.dest == "/run/sparkinfra/recipe-sparkbed-lane.tar"
+        assert upload.src.getvalue() == images.recipe_tarball(BED)
+        assert rendered(build).startswith("sh -c ")
+        assert rendered(build).endswith(
+            f"image_build.sh {image.ref} {images.NODE_DIR}/sparkbed-lane /run/sparkinfra/recipe-sparkbed-lane.tar "
+            "dockerfile Dockerfile BASE_IMAGE=sparkbed/stage:1"
+        )
+
