@@ -17,6 +17,7 @@ Two kinds, as the seeds build theirs:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -27,14 +28,13 @@ from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .schema import LANES_DIR, Lane, LaneError, _rule, display, key_text, line_of, locate, read_yaml, validation_error
+from .schema import Lane, LaneError, _rule, beside_lanes, display, key_text, line_of, locate, read_yaml, validation_error
 
 RECIPE_FILE = "recipe.yaml"
 # Each recipe's folder on the head: its files (the build context), and for a repository its checkout
 # (``src``, kept with docker's build cache: the next build of a changed recipe reuses both).
 NODE_DIR = "/var/lib/sparkinfra/images"
 TAG_PREFIX = "sparkinfra/"
-NAME = r"^[a-z0-9][a-z0-9._-]*$"  # a recipe's folder: also the repository part of its image's tag
 FILE = r"^\w[\w./+-]*$"  # a file in the recipe's folder (no "..": never outside it)
 ARG = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -99,12 +99,11 @@ class Image(NamedTuple):
     recipe: Recipe | None = None
     name: str = ""  # the recipe's name
     folder: Path | None = None  # the recipe's folder on the controller
-    digest: str = ""  # of the recipe and its files
 
 
 def images_dir(lane: Lane) -> Path:
     """Where ``lane``'s image recipes are: ``images/`` next to the ``lanes/`` folder it was read from."""
-    return (Path(lane._source).resolve().parent if lane._source else LANES_DIR).parent / "images"
+    return beside_lanes(lane, "images")
 
 
 def load_recipe(folder: Path) -> Recipe:
@@ -158,11 +157,18 @@ def lane_image(lane: Lane, default: str) -> Image:
         return Image(lane.image)
     if lane.image is None:
         return Image(default)
-    name = lane.image.recipe
-    folder = images_dir(lane) / name
+    folder = images_dir(lane) / lane.image.recipe
+    files = tuple((relative, st.st_size, st.st_mtime_ns, st.st_mode) for relative, p in recipe_files(folder)
+                  for st in [p.stat()])
+    return _recipe_image(lane.image.recipe, folder, files)
+
+
+@functools.lru_cache(maxsize=16)
+def _recipe_image(name: str, folder: Path, files: tuple) -> Image:
+    # Every rank's plan on every host asks for the lane's image: the recipe is read and its files
+    # (wheels of hundreds of MB) hashed once per run, again only when a file's stat changes.
     recipe = load_recipe(folder)
-    digest = recipe_digest(folder, recipe)
-    return Image(f"{TAG_PREFIX}{name}:{digest}", recipe, name, folder, digest)
+    return Image(f"{TAG_PREFIX}{name}:{recipe_digest(folder, recipe)}", recipe, name, folder)
 
 
 def build_args(recipe: Recipe) -> list[str]:

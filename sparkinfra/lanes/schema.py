@@ -460,9 +460,15 @@ def find_lane(name: str, lanes_dir: str | Path | None = None, project: str | Pat
     raise LaneError(f"no lane {name!r} in {where} (lanes: {known})")
 
 
+def beside_lanes(lane: Lane, folder: str) -> Path:
+    """The folder ``folder`` next to the ``lanes/`` folder ``lane`` was read from (its mods, its
+    image recipes)."""
+    return (Path(lane._source).resolve().parent if lane._source else LANES_DIR).parent / folder
+
+
 def mods_dir(lane: Lane) -> Path:
     """Where ``lane``'s mods are: ``mods/`` next to the ``lanes/`` folder it was read from."""
-    return (Path(lane._source).resolve().parent if lane._source else LANES_DIR).parent / "mods"
+    return beside_lanes(lane, "mods")
 
 
 def lane_source(lane: Lane) -> str:

@@ -158,7 +158,7 @@ def _build(tmp_path: Path, folder: Path, *args: str) -> tuple[subprocess.Complet
 
 def test_a_dockerfile_recipe_is_built_from_its_files_with_its_build_args(tmp_path):
     folder = _recipe(tmp_path, "dockerfile: D\nbase: b:1\nvllm_prs: [1, 2]\nbuild_args: {X: 'a b'}\n", D="FROM b\n")
-    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder, "abc")
+    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder)
     args = images.build_command_args(image)
     assert args == ["dockerfile", "D", "BASE_IMAGE=b:1", "VLLM_PRS=1 2", "X=a b"]
     proc, log = _build(tmp_path, folder, *args)
@@ -196,7 +196,7 @@ def test_a_repository_recipe_builds_the_pinned_commit_patched_by_its_script(tmp_
     patch = "--- a/version\n+++ b/version\n@@ -1 +1 @@\n-v1\n+v1-patched\n"
     text = f"repository: file://{repo}\ncommit: {commit}\npatches: [fix.patch]\nscript: [./build.sh, --x]\nproduces: made:1\n"
     folder = _recipe(tmp_path, text, **{"fix.patch": patch})
-    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder, "abc")
+    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder)
     args = images.build_command_args(image)
     assert args == ["repository", f"file://{repo}", commit, "made:1", "1", "fix.patch", "./build.sh", "--x"]
     proc, log = _build(tmp_path, folder, *args)
@@ -244,3 +244,16 @@ def test_image_built_builds_only_a_missing_tag():
             "dockerfile Dockerfile BASE_IMAGE=sparkbed/stage:1"
         )
 
+
+
+def test_a_lanes_image_is_hashed_once_per_run_and_again_when_a_file_changes(tmp_path):
+    (tmp_path / "lanes").mkdir()
+    (tmp_path / "lanes/sim.yaml").write_text((REPO / "lanes/sim.yaml").read_text().replace("sparkbed-lane", "r"))
+    folder = _recipe(tmp_path, "dockerfile: D\n", D="FROM b\n")
+    lane = lanes.find_lane("sim", project=tmp_path)
+    first = lanes.lane_image(lane, "unused")
+    hits = images._recipe_image.cache_info().hits
+    assert lanes.lane_image(lane, "unused") == first  # every rank's plan asks: one read, one hash
+    assert images._recipe_image.cache_info().hits == hits + 1
+    (folder / "wheel.whl").write_text("new")
+    assert lanes.lane_image(lane, "unused").ref != first.ref
