@@ -1,11 +1,12 @@
 """
 Stop serving: every lane's units stopped (and not started at boot) on every node, their containers
-removed. Images, weights, the fabric and NCCL setup stay: a converge serves again, moving nothing.
+removed, and what each lane left (units, plans, env files, the head's API-key file, validation marks,
+mods, runtime marks). Images, weights, the runner, the fabric and NCCL setup stay: a converge serves
+again, moving nothing.
 
     pyinfra inventory/pair.py deploys/teardown.py
 
-A full teardown also removes what sparkinfra installed: the lane units (systemd reloaded), plans,
-env files, runner, mods and marks; the NCCL env file; the GPU clock lock (the driver's clocks back);
+A full teardown also removes the rest of what sparkinfra installed: the runner; the NCCL env file; the GPU clock lock (the driver's clocks back);
 the fabric address and its boot config (the port's MTU stays); the head's SSH mesh and its key on
 the workers. It needs the cluster's name, checked before any connection. Images, model snapshots
 (with their manifests), the compile caches, the pinned NCCL library and the converge lock stay:
@@ -24,7 +25,7 @@ from sparkinfra.operations.files import file_content, text_block
 from sparkinfra.operations.gpu import gpu_clocks_locked
 from sparkinfra.operations.lane import (
     container_absent,
-    lane_units_absent,
+    other_lanes_absent,
     other_lanes_stopped,
 )
 from sparkinfra.operations.mesh import (
@@ -51,13 +52,17 @@ container_absent(
     name=f"No {config.container_name} container is left on this node",
     container=config.container_name,
 )
+lane_files = other_lanes_absent(
+    name="No lane's unit, plan, env file or mark is left on this node",
+    lane="",
+)
+systemd.daemon_reload(name="systemd has forgotten the lanes' units", _if=lane_files.did_change)
 
 if config.teardown == "full":
     fabric = cluster.fabric
     address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
 
-    # The lanes: units, plans and env files, the runner, the marks.
-    units = lane_units_absent(name="No lane unit is installed on this node")
+    # The lanes' shared files (each lane's own went above).
     files.directory(
         name=f"No lane plan or env file is left in {serving.PLANS_DIR}", path=serving.PLANS_DIR, present=False,
     )
@@ -108,4 +113,4 @@ if config.teardown == "full":
         address=address,
         present=False,
     )
-    systemd.daemon_reload(name="systemd has forgotten the removed units", _if=any_changed(units, boot, clocks))
+    systemd.daemon_reload(name="systemd has forgotten the removed units", _if=any_changed(boot, clocks))

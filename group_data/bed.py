@@ -8,6 +8,9 @@ fabric_min_gbps = 1
 # The bed's stand-in libnccl.so.2 (reports 2.30.7), placed on every node by deploys/prepare.py.
 nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so.2"
 preflight_free_gb = 1
+# A liveness completion of the tiny model takes well under a second: a hung engine (a worker cut off
+# from the fabric) is told within 40 s (two failures), not the two minutes a Spark's default allows.
+lane_liveness_timeout = 20
 # The eugr README's clock lock, as a site on Sparks that shut down under load sets it (the bed's
 # nvidia-smi stand-in keeps it until reset or reboot).
 gpu_clock_cap = "200,2150"

@@ -5,16 +5,17 @@ The steps of a lane on its cluster, shared by ``deploys/lane.py`` (placed, then 
 .. code:: python
 
     here = run.start()
-    plan = lane_steps.placed(here)                # every node: files, unit, no other lane; the head validates
+    plan = lane_steps.placed(here)                # every node: files, unit (the head validates); then no other lane
     if plan and here.is_head:
         lane_steps.serving_from_head(here, plan)  # the head starts every rank, waits until ready, warms
 """
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, inventory
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
 
 from . import lanes, serving
 from .lanes import Lane
@@ -23,6 +24,7 @@ from .operations.lane import (
     lane_running,
     lane_validated,
     lane_warm,
+    other_lanes_absent,
     other_lanes_stopped,
 )
 from .operations.units import service_enabled
@@ -32,22 +34,50 @@ from .run import Here
 def placed(here: Here) -> serving.RankPlan | None:
     """
     Place the cluster's lane on this node (runner, env files, plan, unit; validated by vLLM in the
-    image on the head) with no other lane running; this node's plan, or None when the cluster has
-    no lane.
+    image on the head), then stop and remove every other lane: the old lane serves until the new one
+    is placed and validated on the head (a head that failed leaves it serving). This node's plan,
+    or None when the cluster has no lane.
     """
     cluster, config = here.cluster, here.cluster.config
     lane = lanes.find_lane(config.lane) if config.lane else None
-    other_lanes_stopped(
-        name=f"No lane but {config.lane or '(none)'} runs on this node",
-        lane=config.lane,
-    )
-    if not lane:
-        return None
-    if here.is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
-        lanes.refuse_invalid(lane, cluster)
-    mine = serving.plan_of(lane, cluster, host.name)
-    _files(here, lane, mine)
+    mine = None
+    if lane:
+        if here.is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
+            lanes.refuse_invalid(lane, cluster)
+        mine = serving.plan_of(lane, cluster, host.name)
+        _files(here, lane, mine)
+    _no_other_lane(here, config.lane)
     return mine
+
+
+def head_in_run(here: Here):
+    """For ``_if=``: whether this cluster's head is in the run and has not failed (checked when the
+    operation runs, after the operations before it ran on every host)."""
+    head = inventory.get_host(here.cluster.head.name)
+
+    def _head_ok() -> bool:
+        state = host.state
+        return head in state.activated_hosts and head not in state.failed_hosts
+
+    return _head_ok
+
+
+@deploy("No other lane")
+def _no_other_lane(here: Here, lane: str) -> None:
+    stopped = other_lanes_stopped(
+        name=f"No lane but {lane or '(none)'} runs on this node",
+        lane=lane,
+        _if=head_in_run(here),
+    )
+    removed = other_lanes_absent(
+        name=f"No files of a lane but {lane or '(none)'} are left on this node",
+        lane=lane,
+        _if=head_in_run(here),
+    )
+    systemd.daemon_reload(
+        name="systemd has forgotten the other lanes' units",
+        _if=any_changed(stopped, removed),
+    )
 
 
 @deploy("Lane files")

@@ -6,7 +6,11 @@ stops (non-zero exit, nothing changed) when any check fails.
 from __future__ import annotations
 
 import json
+import os
+import socket
 from dataclasses import asdict, dataclass
+
+import paramiko
 
 from pyinfra import logger
 from pyinfra.api import FactBase, StringCommand
@@ -26,12 +30,13 @@ class PreflightFailed(PyinfraError):
 class PreflightProbe(FactBase):
     """
     Returns what preflight judges of a node, read in one round trip (``scripts/preflight_probe.sh``):
-    the GPU nvidia-smi reports, free and used bytes under the model folder, the fabric link, the
-    RDMA device nodes, listeners on ports.
+    the GPU nvidia-smi reports, the version dockerd answers (``!missing``, ``!<its error>``), free
+    and used bytes under the model folder, the fabric link, the RDMA device nodes, listeners on ports.
 
     .. code:: python
 
-        {"gpu": "NVIDIA GB10", "free": "81604378624", "used": "0", "rdma": "rdma_cm uverbs0 uverbs1",
+        {"gpu": "NVIDIA GB10", "docker": "28.3.3", "free": "81604378624", "used": "0",
+         "rdma": "rdma_cm uverbs0 uverbs1",
          "link": "3: enp1s0f0np0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 4200 …",
          "ports": ["8000 pid=12 comm=vllm container=vllm_node"]}
     """
@@ -66,12 +71,62 @@ def link_flags(probe: dict | None) -> list[str]:
     return link.split("<", 1)[1].split(">", 1)[0].split(",") if "<" in link else []
 
 
+def known_host_entry(hostname: str, port: int) -> str:
+    """How ``ssh_known_hosts_file`` names a host (``[host]:port`` off port 22)."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+def offered_key(hostname: str, port: int, key_types: list[str], timeout: float = 5) -> paramiko.PKey:
+    """The host key ``hostname`` offers, of one of ``key_types`` (the types known_hosts holds for
+    it): the key exchange only, no authentication. Raises OSError or paramiko's SSHException."""
+    with socket.create_connection((hostname, port), timeout=timeout) as sock:
+        transport = paramiko.Transport(sock)
+        try:
+            transport.get_security_options().key_types = key_types
+            transport.start_client(timeout=timeout)
+            return transport.get_remote_server_key()
+        finally:
+            transport.close()
+
+
+def unreachable_detail(data, host_name: str) -> str:
+    """
+    Why the controller could not connect to a node, for preflight's ``ssh`` line: a changed host
+    key by name, with how to accept the new one on purpose (never silently); else "not reachable"
+    with what the connection said.
+
+    + data: the host's pyinfra data (``ssh_hostname``, ``ssh_port``, ``ssh_known_hosts_file``)
+    """
+    hostname = str(data.get("ssh_hostname") or host_name)
+    port = int(data.get("ssh_port") or 22)
+    user = data.get("ssh_user") or ""
+    where = f"{user}@{hostname}" if user else hostname
+    path = os.path.expanduser(str(data.get("ssh_known_hosts_file") or "~/.ssh/known_hosts"))
+    entry = known_host_entry(hostname, port)
+    try:
+        known = paramiko.HostKeys(path).lookup(entry) if os.path.exists(path) else None
+    except (OSError, paramiko.SSHException):
+        known = None
+    try:
+        key = offered_key(hostname, port, list(known.keys()) if known else ["ssh-ed25519"])
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        return f"{where} not reachable ({exc or type(exc).__name__})"
+    if known and key.get_name() in known and known[key.get_name()] != key:
+        return (
+            f"{where}: its SSH host key changed ({key.get_name()} {key.fingerprint} is "
+            f"not the key {path} holds): if {host_name} was re-installed, compare that fingerprint with "
+            f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on its console, then accept it: "
+            f"ssh-keygen -f {path} -R '{entry}', and run once with --data ssh_strict_host_key_checking=accept-new"
+        )
+    return f"{where} not reachable (the SSH connection failed after the key exchange: see pyinfra's error above)"
+
+
 def evaluate(
     cluster: Cluster, host_name: str, probe: dict | None, peers_down: tuple[str, ...] = (),
-    lane: lanes.Lane | None = None,
+    lane: lanes.Lane | None = None, unreachable: str = "",
 ) -> list[Check]:
     """
-    Judge one node's probe (``None``: the node was not reachable over SSH).
+    Judge one node's probe (``None``: the node was not reachable over SSH, ``unreachable`` says why).
 
     + peers_down: nodes of the cluster whose fabric port is administratively down (prepare
       brings them up): with one of them, no carrier is expected rather than a cable fault
@@ -80,7 +135,7 @@ def evaluate(
     node = cluster.node(host_name)
     config = cluster.config
     if probe is None:
-        return [Check(host_name, "ssh", False, f"{node.ssh_user}@{node.ssh_host} not reachable")]
+        return [Check(host_name, "ssh", False, unreachable or f"{node.ssh_user}@{node.ssh_host} not reachable")]
     checks = [Check(host_name, "ssh", True, f"{node.ssh_user}@{node.ssh_host}")]
 
     gpu = probe.get("gpu", "")
@@ -88,6 +143,7 @@ def evaluate(
         checks.append(Check(host_name, "gpu", False, "nvidia-smi not found"))
     else:
         checks.append(Check(host_name, "gpu", "GB10" in gpu, gpu or "nvidia-smi reported no GPU"))
+    checks.append(docker_check(host_name, probe))
 
     need = int(config.preflight_free_gb * 1e9)
     free = int(probe.get("free") or 0)
@@ -130,6 +186,17 @@ def evaluate(
     return checks
 
 
+def docker_check(host_name: str, probe: dict) -> Check:
+    """dockerd answers on the node: every deploy after preflight asks it (image IDs, the lane's
+    containers), and a daemon that does not answer must not read as a missing image."""
+    docker = probe.get("docker", "")
+    if docker == "!missing":
+        return Check(host_name, "docker", False, "docker not found")
+    if not docker or docker.startswith("!"):
+        return Check(host_name, "docker", False, f"dockerd does not answer: {docker[1:] or 'no version reported'}")
+    return Check(host_name, "docker", True, f"dockerd {docker} answers")
+
+
 def rdma_check(host_name: str, probe: dict, lane: lanes.Lane) -> Check:
     """The node has the verbs devices the lane's container is given (NCCL opens them over the
     fabric); a lane that opts out (``container.rdma: false``) says so."""
@@ -165,14 +232,19 @@ def required_ports(cluster: Cluster, host_name: str, lane: lanes.Lane | None = N
     return tuple(lanes.effective_ports(lane, cluster).values())
 
 
-def run(state, settings: Settings) -> list[Check]:
+def run(state, settings: Settings, in_run: set[str]) -> list[Check]:
     """
-    Check every node of the inventory (once per run: ``run.start(preflight_first=True)``), print
-    one line per check and a JSON summary; raise ``PreflightFailed`` if any failed.
+    Check every node of the clusters in the run (once per run: ``run.start(preflight_first=True)``),
+    print one line per check and a JSON summary; raise ``PreflightFailed`` if any failed.
+
+    + in_run: names of the hosts the run operates on (``run.in_run``): a cluster ``--limit``
+      leaves out is not checked (``run.whole_clusters``: a run has all of a cluster's nodes, or none)
     """
     checks: list[Check] = []
     active = {h.name for h in state.inventory.iter_activated_hosts()}
     for cluster in settings.clusters.values():
+        if not any(node.name in in_run for node in cluster.nodes):
+            continue
         lane = lanes.find_lane(cluster.config.lane) if cluster.config.lane else None
         probes = {node.name: None for node in cluster.nodes}
         live = [state.inventory.get_host(node.name) for node in cluster.nodes if node.name in active]
@@ -187,7 +259,8 @@ def run(state, settings: Settings) -> list[Check]:
         probes.update((h.name, value) for h, value in zip(live, values))
         down = tuple(n for n, p in probes.items() if p and p.get("link") and "UP" not in link_flags(p))
         for node in cluster.nodes:
-            checks += evaluate(cluster, node.name, probes[node.name], down, lane)
+            why = "" if probes[node.name] else unreachable_detail(state.inventory.get_host(node.name).data, node.name)
+            checks += evaluate(cluster, node.name, probes[node.name], down, lane, why)
     for c in checks:
         logger.info(f"    [{c.host}] preflight {'PASS' if c.ok else 'FAIL'} {c.check:<7} {c.detail}")
     failed = [c for c in checks if not c.ok]

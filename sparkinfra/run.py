@@ -1,8 +1,9 @@
 """
 The start of every deploy: once per pyinfra run, the inventory's settings are validated (lanes
-included), SSH is tuned and the converge lock is taken on every head; then each host learns its
-cluster and role. Also the one loader of an inventory outside pyinfra's CLI (``load_files``: chat,
-the verify suite, tests) and the check inventory files run while pyinfra loads them.
+included), a ``--limit`` that covers part of a cluster is refused, SSH is tuned and the converge
+lock is taken on every head; then each host learns its cluster and role. Also the one loader of
+an inventory outside pyinfra's CLI (``load_files``: chat, the verify suite, tests) and the check
+inventory files run while pyinfra loads them.
 
 .. code:: python
 
@@ -80,6 +81,7 @@ def start(preflight_first: bool = False) -> Here:
         if record.error is None and record.settings is None:
             try:
                 settings = _settings_of_run(state)
+                whole_clusters(state, settings)  # before any host is touched
                 ssh.prompt_replies(state)  # no delayed-ACK wait on each command
                 lock.hold(state, state.inventory, settings, dry=bool(cli_params().get("dry")))  # one at a time
                 record.settings = settings
@@ -88,13 +90,67 @@ def start(preflight_first: bool = False) -> Here:
         if record.error is None and preflight_first and not record.preflight_done:
             record.preflight_done = True
             try:
-                preflight.run(state, record.settings)
+                preflight.run(state, record.settings, in_run(state))
             except BaseException as exc:
                 record.error = exc
     if record.error is not None:
         raise record.error
     cluster = record.settings.cluster_of(host.name)
     return Here(record.settings, cluster, cluster.node(host.name))
+
+
+def in_run(state) -> set[str]:
+    """
+    Names of the hosts this run operates on: the inventory's, narrowed by ``--limit`` and
+    ``--exclude`` (pyinfra's ``state.limit_hosts``), reachable or not.
+    """
+    return {h.name for h in state.inventory if state.is_host_in_limit(h)}
+
+
+def whole_clusters(state, settings: Settings) -> None:
+    """
+    Refuse a run that covers part of a cluster (``--limit``), before anything runs on a host: the
+    head streams the image, reads the manifest and pins the mesh keys of every node. A cluster
+    left out entirely is fine. Raises ``InventorySettingsError`` naming the nodes to add.
+    """
+    refuse_cut_clusters(list(state.inventory), in_run(state), settings)
+
+
+def limited(inventory) -> set[str]:
+    """
+    Names of ``inventory``'s hosts that the running pyinfra command's ``--limit`` and ``--exclude``
+    keep, matched as pyinfra's CLI matches them (all of them outside the CLI), for the check while
+    the inventory loads, before any connection (``validate_inventory``).
+    """
+    from pyinfra_cli.cli import _apply_inventory_exclude, _apply_inventory_limit
+
+    params = cli_params()
+    try:
+        hosts = _apply_inventory_exclude(
+            inventory, _apply_inventory_limit(inventory, params.get("limit")), params.get("exclude")
+        )
+    except Exception:  # a pattern that matches nothing: pyinfra's CLI says so itself
+        hosts = None
+    return {h.name for h in (inventory if hosts is None else hosts)}
+
+
+def refuse_cut_clusters(hosts: list, running: set[str], settings: Settings) -> None:
+    """``whole_clusters``' check: ``hosts`` in the inventory's order, ``running`` the names in the run."""
+    left_out = {}
+    for cluster in settings.clusters.values():
+        missing = [node.name for node in cluster.nodes if node.name not in running]
+        if missing and len(missing) < len(cluster.nodes):
+            left_out[cluster.name] = missing
+    if not left_out:
+        return
+    add = {name for missing in left_out.values() for name in missing}
+    wanted = [h.name for h in hosts if h.name in running or h.name in add]
+    raise InventorySettingsError(
+        "--limit leaves out "
+        + " and ".join(f"{', '.join(missing)} of cluster {name}" for name, missing in left_out.items())
+        + ": a run converges whole clusters (the head streams the image, reads the manifest and pins the "
+        f"mesh keys of every node); add them: {' '.join(f'--limit {n}' for n in wanted)}; nothing was changed"
+    )
 
 
 def checked_settings(inventory, inventory_file: str | None = None, cwd: str | None = None,
@@ -190,7 +246,10 @@ def validate_inventory(inventory_file: str) -> Settings | None:
             raise
         except Exception as exc:  # a broken inventory or group_data file: say where, not how pyinfra got there
             raise InventorySettingsError(f"bad settings: {_load_error(exc, path)}") from None
-        return checked_settings(inventory, display(Path(path)), cwd, group_data)
+        settings = checked_settings(inventory, display(Path(path)), cwd, group_data)
+        # Before connecting: a worker left alone by --limit may not even answer (a new host key).
+        refuse_cut_clusters(list(inventory), limited(inventory), settings)
+        return settings
     except SettingsError as exc:
         raise InventorySettingsError(f"bad settings: {exc}") from None
     finally:

@@ -29,6 +29,8 @@ CONTAINER_CHECK_IN = "/run/sparkinfra/container_check.py"
 PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
+# lane_ctl's marks, ``MARKS_DIR/<lane>.<name>``
+MARK_NAMES = ("started", "warm", "failures", "stop-reason", "nccl-copies", "trial.env")
 LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
@@ -79,6 +81,38 @@ def plan_path(lane: str) -> str:
 
 def env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.env"
+
+
+def lane_paths(lane: str) -> list[str]:
+    """Every file and folder a lane leaves on a node besides the shared runner: its unit, plan, env
+    files, the head's validation marks, its mods, its runtime marks (what goes when it is not the
+    cluster's lane any more)."""
+    return [
+        f"/etc/systemd/system/{unit_name(lane)}",
+        plan_path(lane), env_path(lane), secret_env_path(lane),
+        validated_path(lane), f"{STATE_DIR}/{lane}.check.json",
+        f"{MODS_DIR}/{lane}",
+        *(f"{MARKS_DIR}/{lane}.{name}" for name in MARK_NAMES),
+    ]
+
+
+def lane_of_path(path: str) -> str | None:
+    """The lane a path of ``lane_paths`` belongs to (None: not a lane's)."""
+    folder, _, name = path.rstrip("/").rpartition("/")
+    if folder == "/etc/systemd/system" and name.startswith("sparkinfra-lane-") and name.endswith(".service"):
+        return name[len("sparkinfra-lane-"):-len(".service")]
+    if folder == MODS_DIR:
+        return name
+    for where, suffixes in ((PLANS_DIR, (".secret.env", ".json", ".env")), (STATE_DIR, (".validated", ".check.json")),
+                            (MARKS_DIR, tuple(f".{m}" for m in MARK_NAMES))):
+        if folder == where:
+            return next((name[:-len(s)] for s in suffixes if name.endswith(s) and len(name) > len(s)), None)
+    return None
+
+
+def failures_path(lane: str) -> str:
+    """lane_ctl's count of the lane's failures in a row, which its next start backs off by."""
+    return f"{MARKS_DIR}/{lane}.failures"
 
 
 def runner(lane: str, verb: str, *args: str) -> StringCommand:
@@ -141,7 +175,10 @@ class RankPlan:
     nccl_pin: str = ""  # the pinned library, mounted by lane_ctl over every other libnccl.so* in the container
     drop_caches: dict | None = None  # while the weights load: every, at_most (seconds), until (health URL)
     mods: tuple[tuple[str, str], ...] = ()  # (name, digest) of each mod, applied in this order
-    liveness_timeout: int = 60
+    liveness_timeout: int = 60  # seconds a liveness completion may take
+    unreachable_grace: int = 900  # the head's: seconds a worker it cannot reach may stay so while the API completes
+    head_lost_timeout: int = 60  # a worker's: seconds rank 0's rendezvous may be gone before the rank stops itself
+    rendezvous_port: int = 0  # a worker's: the port on the head every rank joined through (0: none)
     watch_interval: int = 5  # seconds between the head's checks of its workers
     watch_grace: int = 20  # seconds a worker may take to come up before the watch counts it
     start_timeout: int = 600  # systemd's TimeoutStartSec
@@ -177,6 +214,10 @@ class RankPlan:
             "watch_grace": self.watch_grace,
             "liveness_interval": self.liveness_interval,
             "liveness_timeout": self.liveness_timeout,
+            "unreachable_grace": self.unreachable_grace,
+            "head_lost_timeout": self.head_lost_timeout,
+            "start_timeout": self.start_timeout,
+            "rendezvous": {"host": self.head_ip, "port": self.rendezvous_port} if self.rendezvous_port else None,
             "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args)},
             "nccl_pin": self.nccl_pin,
             "drop_caches": self.drop_caches,
@@ -301,6 +342,10 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
             liveness_interval=config.lane_liveness_interval,
+            liveness_timeout=config.lane_liveness_timeout,
+            unreachable_grace=config.lane_unreachable_grace,
+            head_lost_timeout=config.lane_head_lost_timeout,
+            rendezvous_port=0 if is_head else rendezvous_port(lane, cluster),
             drop_caches=_page_cache_dropper(lane, config, "127.0.0.1" if is_head else str(cluster.head.fabric_ip),
                                             lane.api_port or config.api_port),
             nccl_pin=config.nccl_library,
@@ -313,6 +358,13 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
         ))
     digest = lane_digest(draft)
     return [dataclasses.replace(p, digest=digest) for p in draft]
+
+
+def rendezvous_port(lane: lanes.Lane, cluster: Cluster) -> int:
+    """The port on the head every rank of ``lane`` joined through and which stays open while rank 0
+    runs: Ray's GCS for a Ray lane, else torch.distributed's store (the master port)."""
+    ports = lanes.effective_ports(lane, cluster)
+    return ports["ray_port"] if lane.launch == "ray" else ports["master_port"]
 
 
 def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:

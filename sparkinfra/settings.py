@@ -192,6 +192,17 @@ class HostSettings(BaseModel):
     lane_liveness_interval: int = Field(
         30, ge=5, description="Seconds between the head's one-token liveness completions."
     )
+    lane_liveness_timeout: int = Field(
+        60, ge=5, description="Seconds a liveness completion may take; two failed in a row restart the lane."
+    )
+    lane_unreachable_grace: int = Field(
+        900, ge=0, description="Seconds a worker the head cannot reach (fabric or SSH down, unit state "
+        "unknown) may stay so while the API still completes, before the lane restarts; 0: at once."
+    )
+    lane_head_lost_timeout: int = Field(
+        60, ge=10, description="Seconds a worker rank runs on once rank 0's rendezvous port stopped "
+        "answering; then it stops itself, so no worker outlives its lane."
+    )
     page_cache_dropper: int = Field(
         5, ge=0, description="While a lane's weights load, every node drops its page cache this often "
         "(seconds) until the API answers (seed 001: the load thrashes below 2 GB free); 0: off. Never "

@@ -9,13 +9,16 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from .. import serving
 from ..serving import LANE_CTL, runner
+from .stage import docker_answer
 
 
 class DockerContainer(FactBase):
     """
     Returns a container's state by name (``{"status": "exited", "running": False}``), or
-    ``None`` when there is no such container (or no docker).
+    ``None`` when there is no such container. Docker's other errors (no daemon) are the fact's
+    error, on this host (``docker_answer``).
 
     + container: the container name
     """
@@ -26,15 +29,16 @@ class DockerContainer(FactBase):
             # container inspect: a plain ``inspect`` of a missing name goes on to look for an image,
             # network, volume... of that name, one API call each
             "docker", "container", "inspect", "--format", QuoteString("{{.State.Status}} {{.State.Running}}"),
-            QuoteString(container), "2>/dev/null", "||", "true",
+            QuoteString(container), "2>&1", "||", "true",
         )
 
     @override
     def process(self, output):
-        words = " ".join(output).split()
-        if len(words) != 2:
+        line = docker_answer(output, lambda text: len(text.split()) == 2 and text.split()[1] in ("true", "false"))
+        if line is None:
             return None
-        return {"status": words[0], "running": words[1] == "true"}
+        status, running = line.split()
+        return {"status": status, "running": running == "true"}
 
 
 class LaneUnits(FactBase):
@@ -63,6 +67,33 @@ class LaneUnits(FactBase):
                 lane = words[0][len("sparkinfra-lane-"):-len(".service")]
                 units[lane] = {"active": words[1], "enabled": words[2] if len(words) > 2 else "unknown"}
         return units
+
+
+class LaneFiles(FactBase):
+    """
+    Returns the lanes that left files on this node (``serving.lane_paths``), each with its paths:
+    ``{"sim-b": ["/etc/sparkinfra/lanes/sim-b.json", ...]}``.
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    @override
+    def command(self) -> str:
+        patterns = ["/etc/systemd/system/sparkinfra-lane-*.service",
+                    *(f"{folder}/*" for folder in (serving.PLANS_DIR, serving.STATE_DIR, serving.MODS_DIR,
+                                                   serving.MARKS_DIR))]
+        return "for f in " + " ".join(patterns) + '; do [ -e "$f" ] && echo "$f"; done; true'
+
+    @override
+    def process(self, output):
+        found: dict[str, list[str]] = {}
+        for path in output:
+            lane = serving.lane_of_path(path.strip())
+            if lane:
+                found.setdefault(lane, []).append(path.strip())
+        return {lane: sorted(paths) for lane, paths in sorted(found.items())}
 
 
 class LaneStatus(FactBase):

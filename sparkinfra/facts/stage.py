@@ -5,16 +5,39 @@ Staged state: an image's ID, a snapshot's manifest and files.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 from typing_extensions import override
 
 from ..transfer import tool_source
 
+# What docker says of a name it does not know (``image inspect``, ``container inspect``, ``inspect``;
+# "Error: ..." or "Error response from daemon: ...", by version).
+DOCKER_ABSENT = ("No such image", "No such container", "No such object")
+
+
+def docker_answer(output: list[str], is_value: Callable[[str], bool]) -> str | None:
+    """
+    A docker command's answer, its errors included (run with ``2>&1 || true``): the first line
+    ``is_value`` accepts; ``None`` when docker says there is no such image, container or object;
+    else ``FactProcessError`` ("docker could not be asked: <error>"), which pyinfra reports on this
+    host, at the default verbosity, and fails the host: a daemon that does not answer is never a
+    missing image or container.
+    """
+    lines = [line.strip() for line in output if line.strip()]
+    for line in lines:
+        if is_value(line):
+            return line
+    if any(absent in line for line in lines for absent in DOCKER_ABSENT):
+        return None
+    raise FactProcessError(f"docker could not be asked: {'; '.join(lines) or 'no answer'}")
+
 
 class DockerImageId(FactBase):
     """
-    Returns the ID of a local image (``sha256:...``), or ``None`` when it is not there.
+    Returns the ID of a local image (``sha256:...``), or ``None`` when it is not there. Docker's
+    other errors (no daemon) are the fact's error, on this host (``docker_answer``).
 
     + image: the image name:tag
     """
@@ -23,13 +46,12 @@ class DockerImageId(FactBase):
     def command(self, image: str) -> StringCommand:
         return StringCommand(
             "docker", "image", "inspect", "--format", QuoteString("{{.Id}}"), QuoteString(image),
-            "2>/dev/null", "||", "true",
+            "2>&1", "||", "true",
         )
 
     @override
     def process(self, output):
-        value = " ".join(output).strip()
-        return value if value.startswith("sha256:") else None
+        return docker_answer(output, lambda line: line.startswith("sha256:"))
 
 
 def snapshot_tool_command(*args: str) -> StringCommand:

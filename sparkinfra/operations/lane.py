@@ -20,7 +20,7 @@ from pyinfra.operations import files
 
 from .. import scripts, serving
 from ..facts.files import FileDigest
-from ..facts.lane import DockerContainer, LaneStatus, LaneUnits
+from ..facts.lane import DockerContainer, LaneFiles, LaneStatus, LaneUnits
 from ..facts.reading import gathered
 from ..facts.stage import DockerImageId
 
@@ -92,23 +92,29 @@ def other_lanes_stopped(lane: str):
 
 
 @operation()
-def lane_units_absent():
+def other_lanes_absent(lane: str):
     """
-    Ensure no lane's unit file is left in ``/etc/systemd/system`` (a full teardown); a unit still
-    running or enabled is stopped and disabled first. Reload systemd after it (``_if=`` its
-    ``did_change``).
+    Ensure no other lane left files on this node (``serving.lane_paths``: its unit, plan, env files,
+    the head's API-key file and validation marks, its mods, its runtime marks); a unit still running
+    or enabled is stopped and disabled first. Reload systemd after it (``_if=`` its ``did_change``).
+
+    + lane: the lane whose files stay (empty: none stay, a teardown)
     """
-    units = gathered(host, LaneUnits)
-    if not units:
-        host.noop("no lane unit is installed")
+    others = {name: paths for name, paths in gathered(host, LaneFiles).items() if name != lane}
+    if not others:
+        host.noop("no other lane's files are here")
         return
+    units = gathered(host, LaneUnits)
     live = sorted(
         name for name, state in units.items()
-        if state["active"] in ACTIVE_STATES or state["enabled"] == "enabled"
+        if name in others and (state["active"] in ACTIVE_STATES or state["enabled"] == "enabled")
     )
     if live:
         yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(n) for n in live])
-    yield StringCommand("rm", "-f", *[QuoteString(f"/etc/systemd/system/{serving.unit_name(n)}") for n in sorted(units)])
+    yield StringCommand("rm", "-rf", *[QuoteString(p) for name in sorted(others) for p in others[name]])
+
+
+CHECK_CONTAINER = "sparkinfra-vllm-check"  # lane_validated's throwaway container
 
 
 @operation()
@@ -136,8 +142,11 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     yield StringCommand("mkdir", "-p", "-m", "700", serving.STATE_DIR)
     yield from files.put._inner(src=io.StringIO(check), dest=script, mode="644")
     yield from files.put._inner(src=io.StringIO(request), dest=data, mode="600")
+    # Named, so a converge killed during the check leaves nothing the next one does not remove.
+    yield StringCommand("docker", "rm", "-f", CHECK_CONTAINER, ">/dev/null", "2>&1", "||", "true")
     run = " ".join(
-        ["docker", "run", "--rm", "-i", "--entrypoint", "python3", "-v", f"{script}:/tmp/vllm_check.py:ro",
+        ["docker", "run", "--rm", "-i", "--name", CHECK_CONTAINER, "--entrypoint", "python3",
+         "-v", f"{script}:/tmp/vllm_check.py:ro",
          *[shlex.quote(o) for o in docker_options], shlex.quote(image), "/tmp/vllm_check.py"]
     )
     report = (
@@ -192,6 +201,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
         return
     # Said in every run, --dry included: what restarts, and why.
     logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
+    # A converge is a deliberate start: it does not wait out the back-off of earlier failures.
+    yield StringCommand("rm", "-f", serving.failures_path(lane))
     yield StringCommand("systemctl", "restart", unit)
     yield wait
 

@@ -14,6 +14,7 @@ from pyinfra import host
 from pyinfra.api import (
     FileUploadCommand,
     FunctionCommand,
+    OperationError,
     QuoteString,
     StringCommand,
     operation,
@@ -23,12 +24,40 @@ from pyinfra.operations import files
 
 from .. import lanes, scripts, transfer
 from ..lanes import images
-from ..facts.reading import gathered, gathered_each
+from ..facts.reading import at_once, gathered, gathered_each, unproxied
 from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
 from .files import preparing, put_secret, refuse
 
 # Staging
 # -------
+
+
+def image_ids(hosts: list, image: str) -> list[str | None]:
+    """
+    Each host's ID of ``image`` (``None``: not there), read from all of them at once. Raises
+    ``OperationError`` naming every host that failed in this run (docker could not be asked there:
+    pyinfra reported the fact's error on it) or whose read failed: an error never reads as a
+    missing image, so it never triggers a load, build or transfer.
+    """
+
+    def read(h):
+        try:
+            return gathered(h, DockerImageId, image=image), ""
+        except Exception as exc:  # a lost connection; pyinfra's "No hosts remaining!"
+            return None, f"{type(exc).__name__}: {exc}"
+
+    hosts = [unproxied(h) for h in hosts]  # ``host`` itself: the proxy means nothing in a greenlet
+    answers = at_once([(h, read, h, {}) for h in hosts])
+    failed = [
+        f"{h.name} ({error})" if error else f"{h.name} (failed in this run, its error is above)"
+        for h, (_, error) in zip(hosts, answers)
+        if error or h in h.state.failed_hosts
+    ]
+    if failed:
+        raise OperationError(
+            f"the ID of image {image} could not be read on {', '.join(failed)}: nothing was loaded, built or streamed"
+        )
+    return [value for value, _ in answers]
 
 
 @operation()
@@ -45,7 +74,7 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
     A reference pinned by digest (``name@sha256:...``) is pulled when it is missing and nothing
     else is given: a tag is not, since what it names can change between two stages.
     """
-    current = gathered(host, DockerImageId, image=image)
+    (current,) = image_ids([host], image)
     if current is None:
         if tarball:
             yield StringCommand("docker", "load", "-i", QuoteString(tarball))
@@ -83,7 +112,7 @@ def image_built(image: lanes.Image):
 
     + image: the lane's image (``lanes.lane_image``) with its recipe
     """
-    if gathered(host, DockerImageId, image=image.ref):
+    if image_ids([host], image.ref)[0]:
         host.noop(f"{image.ref} is built")
         return
     folder = f"{images.NODE_DIR}/{image.name}"
@@ -98,18 +127,20 @@ def image_on_workers(image: str, workers: list):
     """
     Ensure every worker has the head's image ID: only workers whose ID differs receive it,
     streamed from this host (the head) over the fabric, all at once; 0 bytes move otherwise.
+    A worker whose ID could not be read (docker not answering) stops the operation, naming it:
+    nothing is streamed on an error.
 
     + image: name:tag
     + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
     """
-    head_id = gathered(host, DockerImageId, image=image)
+    (head_id,) = image_ids([host], image)
     if head_id is None:
         if preparing():
             yield StringCommand("echo", f"{image} reaches the workers once it is on the head")
             return
         yield from refuse(f"{host.name}: {image} is not on the head")
         return
-    ids = gathered_each([w for w, _ in workers], DockerImageId, image=image)
+    ids = image_ids([w for w, _ in workers], image)
     behind = [(w, ip) for (w, ip), wid in zip(workers, ids) if wid != head_id]
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")

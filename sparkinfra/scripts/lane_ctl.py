@@ -5,9 +5,10 @@ Run one rank of a lane on a node (stdlib only; placed by ``deploys/lane.py``, ru
 Over 400 lines: it is uploaded as one file and runs with the node's own python3 (stdlib only), so
 its parts (start order, watch, liveness, trials, status) cannot be modules of their own.
 
-    lane_ctl.py pre PLAN          head, ExecStartPre: stop other lanes here and on the workers, check
-                                  every rank's container at once (``check``; any failure: no start),
-                                  then restart this lane's workers (all ranks start fresh, workers first)
+    lane_ctl.py pre PLAN          head, ExecStartPre: back off after failures in a row (5 s doubling
+                                  to 120 s), stop other lanes here and on the workers, check every
+                                  rank's container at once (``check``; any failure: no start), then
+                                  restart this lane's workers (all ranks start fresh, workers first)
     lane_ctl.py check PLAN        this rank's container checked before vLLM runs in it: the plan's
                                   container_check.py in a throwaway container of the rank's own options
                                   (the NCCL pin as libraries load it, RDMA devices, the GID row)
@@ -15,10 +16,16 @@ its parts (start order, watch, liveness, trials, status) cannot be modules of th
                                   over (found once per image ID and mounts, then kept in the marks)
     lane_ctl.py run PLAN          ExecStart: the rank's container; on the head also the lane's watch:
                                   a worker unit that is not active, or an API that stops answering a
-                                  one-token completion, stops the head (its unit restarts the lane).
+                                  one-token completion, stops the head (its unit restarts the lane);
+                                  a worker it cannot reach does not, while the API completes (for
+                                  unreachable_grace). On a worker, the rank stops itself once rank
+                                  0's rendezvous port is gone for head_lost_timeout.
                                   Every rank drops the page cache while the weights load, until the
                                   head's /health answers (the plan's drop_caches; none under instanttensor)
-    lane_ctl.py post PLAN         head, ExecStopPost: stop the workers (a dead head takes the lane down)
+    lane_ctl.py post PLAN         head, ExecStopPost: stop the workers (a dead head takes the lane down);
+                                  a failed run counted with its reason (the ``failures`` mark), a
+                                  stop asked for clears the count
+    lane_ctl.py stop PLAN         worker: stop this rank's unit; prints ``stopped`` or what it was
     lane_ctl.py clean PLAN        ExecStartPre, every rank: remove the stale /dev/shm/psm_* segments a
                                   crashed container left, drop the page cache
     lane_ctl.py status PLAN       JSON: units, container, started digest, workers, API; {} when the
@@ -74,9 +81,31 @@ def sh(*args: str, check: bool = False, timeout: float | None = 60) -> subproces
     return subprocess.run(args, capture_output=True, text=True, check=check, timeout=timeout)
 
 
+SSH_FAILED = 255  # ssh's own status: the command did not run there (no route, refused, a changed key)
+
+
 def on_worker(ip: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run a command as root on a worker over the head's fabric SSH mesh."""
-    return sh("ssh", "-o", "ConnectTimeout=5", ip, "sudo", "-n", *args, timeout=timeout)
+    """Run a command as root on a worker over the head's fabric SSH mesh; a worker that does not
+    answer within ``timeout`` ends as ssh's own failure (``SSH_FAILED``), never as an exception."""
+    try:
+        return sh("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", ip, "sudo", "-n", *args, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, SSH_FAILED, "", f"ssh {ip}: no answer within {timeout:.0f}s")
+
+
+def reached(result: subprocess.CompletedProcess) -> bool:
+    """Whether ``on_worker``'s command ran on the worker (its own status, whatever it is)."""
+    return result.returncode != SSH_FAILED
+
+
+def ssh_error(result: subprocess.CompletedProcess) -> str:
+    """Why ``on_worker`` did not reach the worker, in one line; a changed host key by its name."""
+    text = result.stderr or ""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "Host key verification failed" in text:
+        return ("its SSH host key changed (not the key the head's mesh pinned): a converge re-pins it from "
+                "the key the controller trusts")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else f"ssh exited {result.returncode}"
 
 
 def on_workers(workers: list[dict], *args: str, timeout: float = 30) -> list[subprocess.CompletedProcess]:
@@ -241,8 +270,9 @@ def cmd_check(path: str) -> int:
     return 0 if ok else 1
 
 
-def check_every_rank(path: str, p: dict) -> bool:
-    """``check`` on every rank at once (the head here, the workers over SSH); says each line."""
+def check_every_rank(path: str, p: dict) -> str:
+    """``check`` on every rank at once (the head here, the workers over SSH); says each line. Why
+    the lane cannot start ('' when every rank passed)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         head = pool.submit(container_check, p)
         workers = on_workers(p["workers"], "python3", str(Path(__file__).resolve()), "check", path, timeout=300)
@@ -250,17 +280,23 @@ def check_every_rank(path: str, p: dict) -> bool:
     results = [(0, "this node", ok, lines)]
     for worker, done in zip(p["workers"], workers):
         said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        if not reached(done):
+            said = [f"not reached: {ssh_error(done)}"]
         results.append((worker["rank"], worker["ip"], done.returncode == 0, said or [f"exit {done.returncode}"]))
     for rank, where, _, lines in results:
         for line in lines:
             say(f"rank {rank} on {where}: {line}")
-    return all(ok for _, _, ok, _ in results)
+    failed = [f"rank {rank} on {where}: {lines[-1]}" for rank, where, ok, lines in results if not ok]
+    return "; ".join(failed)
 
 
 def cmd_pre(path: str) -> int:
     p = plan(path)
+    back_off(p)
     stop_other_lanes(p)
-    if not check_every_rank(path, p):
+    failed = check_every_rank(path, p)
+    if failed:
+        note_stop(p, f"a rank's container check failed ({failed})")
         say("a rank's container check failed: the lane does not start (the lines above say why)")
         return 1
     # All ranks start fresh together, the workers first: a lane never recovers rank by rank.
@@ -268,21 +304,98 @@ def cmd_pre(path: str) -> int:
     failed = [(w, r) for w, r in zip(p["workers"], on_workers(p["workers"], "systemctl", "restart", p["unit"],
                                                               timeout=300)) if r.returncode != 0]
     for worker, result in failed:
-        say(f"rank {worker['rank']} on {worker['ip']} did not start: {result.stderr.strip()}")
+        why = result.stderr.strip() if reached(result) else f"not reached: {ssh_error(result)}"
+        say(f"rank {worker['rank']} on {worker['ip']} did not start: {why}")
+    if failed:
+        note_stop(p, "rank " + ", ".join(str(w["rank"]) for w, _ in failed) + " did not start")
     return 1 if failed else 0
 
 
-def stop_workers(p: dict) -> None:
-    """Stop every worker's unit of the lane, all at once."""
-    for worker, result in zip(p["workers"], on_workers(p["workers"], "systemctl", "stop", p["unit"],
-                                                        timeout=300)):
-        say(f"stopped rank {worker['rank']} on {worker['ip']}"
-            + ("" if result.returncode == 0 else f": {result.stderr.strip()}"))
+def stop_workers(p: dict, path: str) -> None:
+    """Stop every worker's unit of the lane, all at once; says which stopped (one already down is
+    not "stopped") and which could not be reached (it stops itself: ``watch_rendezvous``)."""
+    results = on_workers(p["workers"], "python3", str(Path(__file__).resolve()), "stop", path, timeout=300)
+    for worker, result in zip(p["workers"], results):
+        where = f"rank {worker['rank']} on {worker['ip']}"
+        if not reached(result):
+            say(f"{where} not reached to stop it ({ssh_error(result)}): it stops itself once rank 0's "
+                f"rendezvous is gone for {p['head_lost_timeout']}s")
+        elif result.returncode != 0:
+            say(f"{where} did not stop: {(result.stdout + result.stderr).strip()[-300:]}")
+        elif result.stdout.strip() == "stopped":
+            say(f"stopped {where}")
+
+
+def cmd_stop(path: str) -> int:
+    """A worker's unit stopped (the head's ``post`` runs it there): prints ``stopped``, or what the unit was."""
+    p = plan(path)
+    state = unit_state(p["unit"])
+    if state not in ("active", "activating", "reloading", "deactivating"):
+        print(f"was {state}", flush=True)
+        return 0
+    done = sh("systemctl", "stop", p["unit"], timeout=300)
+    print("stopped" if done.returncode == 0 else done.stderr.strip(), flush=True)
+    return done.returncode
 
 
 def cmd_post(path: str) -> int:
-    stop_workers(plan(path))
+    p = plan(path)
+    stop_workers(p, path)
+    count_stop(p, os.environ.get("SERVICE_RESULT", ""), os.environ.get("EXIT_STATUS", ""))
     return 0
+
+
+# Restarts: counted, backed off, each with its reason
+# ---------------------------------------------------
+
+BACKOFF_FIRST = 5  # seconds before the start after a first failure (systemd's RestartSec adds its own 5)
+BACKOFF_MAX = 120  # ... doubling with each failure in a row, up to this
+
+
+def note_stop(p: dict, why: str) -> None:
+    """Keep why the lane is about to stop (``post`` counts it when the stop was a failure)."""
+    Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
+    mark(p, "stop-reason").write_text(why)
+
+
+def count_stop(p: dict, result: str, status: str) -> None:
+    """After the lane stopped: a failure (``result`` is systemd's ``SERVICE_RESULT``) counted in the
+    ``failures`` mark with its reason; a stop that was asked for clears the count."""
+    reason_mark = mark(p, "stop-reason")
+    why = reason_mark.read_text().strip() if reason_mark.exists() else ""
+    reason_mark.unlink(missing_ok=True)
+    if result in ("", "success"):
+        mark(p, "failures").unlink(missing_ok=True)
+        return
+    count = failures(p).get("count", 0) + 1
+    why = why or f"rank 0 ended ({result}, status {status or '?'})"
+    Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
+    mark(p, "failures").write_text(json.dumps({"count": count, "reason": why, "at": time.time()}))
+    say(f"the lane failed ({count} in a row): {why}")
+
+
+def failures(p: dict) -> dict:
+    """The ``failures`` mark: ``{count, reason, at}`` of the lane's failed starts and runs in a row."""
+    found = mark(p, "failures")
+    try:
+        return json.loads(found.read_text()) if found.exists() else {}
+    except ValueError:
+        return {}
+
+
+def backoff(count: int) -> int:
+    """Seconds between the ``count``-th failure in a row and the next start: 0, 5, 10, 20, ... 120."""
+    return 0 if count <= 0 else min(BACKOFF_FIRST * 2 ** (count - 1), BACKOFF_MAX)
+
+
+def back_off(p: dict) -> None:
+    """Before a start after failures in a row: wait out their back-off (counted from the last one)."""
+    last = failures(p)
+    wait = backoff(last.get("count", 0)) - (time.time() - last.get("at", 0))
+    if wait > 0:
+        say(f"backing off {wait:.0f}s before the next start: {last['count']} failure(s) in a row, "
+            f"the last: {last.get('reason', '?')}")
+        time.sleep(wait)
 
 
 # Memory hygiene around a start (seed 001, a3refaat's notes)
@@ -398,18 +511,84 @@ def cmd_run(path: str) -> int:
     dropper = threading.Thread(target=drop_caches_while_loading, args=(p, ended), daemon=True)
     dropper.start()
     try:
-        if not p["workers"] and p["rank"] > 0:  # a worker rank: the container is the unit (its ExecStop stops it)
-            code = child.wait()
-            return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
-        return watch_head(p, child)
+        if p["rank"] > 0:  # a worker rank: the container is the unit (its ExecStop stops it)
+            return watch_rendezvous(p, child)
+        return watch_head(p, path, child)
     finally:
         ended.set()  # the dropper's last line says why it stopped
         dropper.join(timeout=5)
 
 
-def watch_head(p: dict, child: subprocess.Popen) -> int:
-    """Rank 0's container ``child`` until it ends, is stopped, a worker is not running or the API
-    stops completing; then the container and every worker stopped. The unit's exit status."""
+def exit_status(code: int) -> int:
+    return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+
+
+def stop_container(p: dict, child: subprocess.Popen) -> None:
+    sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
+    child.wait()
+
+
+def tcp_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(3)
+        return s.connect_ex((host, port)) == 0
+
+
+def watch_rendezvous(p: dict, child: subprocess.Popen) -> int:
+    """
+    A worker rank's container ``child`` until it ends; stopped by this rank itself once rank 0's
+    rendezvous (the port every rank joined through) stopped answering for ``head_lost_timeout``
+    seconds, or never answered within ``start_timeout``: a worker the head could not stop (its
+    fabric or SSH down) does not outlive its lane. The unit's exit status.
+    """
+    spec = p.get("rendezvous")
+    if not spec:
+        return exit_status(child.wait())
+    where = f"rank 0's rendezvous {spec['host']}:{spec['port']}"
+    started, seen, lost = time.monotonic(), None, None
+    while True:
+        try:
+            return exit_status(child.wait(timeout=p["watch_interval"]))
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if tcp_open(spec["host"], spec["port"]):
+            if lost is not None:
+                say(f"{where} answers again after {now - lost:.0f}s")
+            seen, lost = now, None
+            continue
+        if seen is None:
+            if now - started >= p["start_timeout"]:
+                reason = f"{where} did not answer within {p['start_timeout']}s"
+                break
+            continue
+        if lost is None:
+            lost = now
+            say(f"{where} stopped answering: this rank stops itself if it is gone for {p['head_lost_timeout']}s")
+        if now - lost >= p["head_lost_timeout"]:
+            reason = f"{where} has been gone for {now - lost:.0f}s"
+            break
+    say(f"{reason}: stopping this rank (no worker outlives its lane; rank 0 starts it again)")
+    stop_container(p, child)
+    return 1
+
+
+def worker_states(p: dict) -> tuple[list[dict], dict[str, str]]:
+    """Every worker's unit, asked at once: (the workers reached whose unit is not active,
+    {ip: why} of the workers not reached)."""
+    results = on_workers(p["workers"], "systemctl", "is-active", p["unit"], timeout=20)
+    down = [w for w, r in zip(p["workers"], results) if reached(r) and r.stdout.strip() != "active"]
+    lost = {w["ip"]: ssh_error(r) for w, r in zip(p["workers"], results) if not reached(r)}
+    return down, lost
+
+
+def watch_head(p: dict, path: str, child: subprocess.Popen) -> int:
+    """
+    Rank 0's container ``child`` until it ends, is stopped, a worker's unit is not running, or the
+    API stops completing; then the container and every worker stopped. A worker the head cannot
+    reach is not taken for a dead one: while the API completes (asked every watch while any worker
+    is lost) the lane serves on, for at most ``unreachable_grace`` seconds. The unit's exit status.
+    """
     stopping = []
 
     def _stop(signum, frame):
@@ -417,49 +596,69 @@ def watch_head(p: dict, child: subprocess.Popen) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    started, ready, failures, last_live = time.monotonic(), False, 0, 0.0
+    started, ready, failed, last_live = time.monotonic(), False, 0, 0.0
+    lost_since: dict[str, float] = {}
+    ranks = {w["ip"]: w["rank"] for w in p["workers"]}
     reason = ""
     while not stopping:
         try:
             code = child.wait(timeout=p["watch_interval"])
             if stopping:
                 break
-            say(f"rank 0 container exited with status {code}")
+            reason = f"rank 0 container exited with status {code}"
+            say(reason)
+            note_stop(p, reason)  # post stops the workers
             return code or 1  # exit 0 after a dead worker still means "not serving"
         except subprocess.TimeoutExpired:
             pass
-        if time.monotonic() - started < p["watch_grace"]:
+        now = time.monotonic()
+        if now - started < p["watch_grace"]:
             continue
-        down = [w for w in p["workers"] if unit_state_remote(w["ip"], p) != "active"]
+        down, lost = worker_states(p)
         if down:
             reason = "rank " + ", ".join(f"{w['rank']} on {w['ip']}" for w in down) + " is not running"
+            break
+        for ip, why in lost.items():
+            if ip not in lost_since:
+                lost_since[ip] = now
+                say(f"rank {ranks[ip]} on {ip} not reached ({why}): the lane serves on while its API completes, "
+                    f"for at most {p['unreachable_grace']}s")
+        for ip in [ip for ip in lost_since if ip not in lost]:
+            say(f"rank {ranks[ip]} on {ip} reached again after {now - lost_since.pop(ip):.0f}s")
+        overdue = [ip for ip, since in lost_since.items() if now - since >= p["unreachable_grace"]]
+        if overdue:
+            reason = ", ".join(f"rank {ranks[ip]} on {ip}" for ip in overdue) + (
+                f" not reached for {p['unreachable_grace']}s ({lost[overdue[0]]})")
             break
         if not ready:
             ready = request(p, "/health", timeout=5)[0] == 200
             if ready:
+                mark(p, "failures").unlink(missing_ok=True)  # serving: the next failure backs off from zero
                 warm(p)  # after any (re)start, also one nobody asked for: JIT costs stay out of use
             continue
-        if time.monotonic() - last_live >= p["liveness_interval"]:
+        if lost_since or now - last_live >= p["liveness_interval"]:
             ok, detail = completion(p, timeout=p["liveness_timeout"])
             last_live = time.monotonic()
-            failures = 0 if ok else failures + 1
-            if failures >= 2:
+            failed = 0 if ok else failed + 1
+            if failed >= 2:
                 reason = f"the API stopped completing ({detail})"
+                if lost_since:
+                    reason += " while " + ", ".join(f"rank {ranks[ip]} on {ip}" for ip in lost_since) + " is not reached"
                 break
     if reason:
         say(f"{reason}: restarting the lane on every node")
+        note_stop(p, reason)
     # The workers stop while rank 0 does (each engine's shutdown takes seconds); post finds them stopped.
-    workers = threading.Thread(target=stop_workers, args=(p,))
+    workers = threading.Thread(target=stop_workers, args=(p, path))
     workers.start()
-    sh("docker", "stop", "-t", str(p["stop_seconds"]), p["container"], timeout=p["stop_seconds"] + 60)
-    child.wait()
+    stop_container(p, child)
     workers.join()
     return 0 if stopping and not reason else 1
 
 
 def unit_state_remote(ip: str, p: dict) -> str:
     result = on_worker(ip, "systemctl", "is-active", p["unit"], timeout=20)
-    return result.stdout.strip() or "unreachable"
+    return result.stdout.strip() if reached(result) else f"not reached: {ssh_error(result)}"
 
 
 # Facts and readiness
@@ -484,6 +683,7 @@ def cmd_status(path: str, probe: bool = True) -> int:
     status["age"] = round(time.time() - marks["started"]["at"]) if "started" in marks else None
     if p["rank"] == 0 and probe:
         status["workers"] = {w["ip"]: unit_state_remote(w["ip"], p) for w in p["workers"]}
+        status["failures"] = failures(p) or None
         if status["unit"] == "active" and port_open(p):
             ok, detail = completion(p, timeout=30)
             status["api"] = "ok" if ok else detail
@@ -673,6 +873,8 @@ def main(argv: list[str]) -> int:
         return cmd_run(path)
     if command == "post":
         return cmd_post(path)
+    if command == "stop":
+        return cmd_stop(path)
     if command == "clean":
         return cmd_clean(path)
     if command == "check":

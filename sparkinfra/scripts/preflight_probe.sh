@@ -1,8 +1,10 @@
 #!/bin/sh
 # preflight.PreflightProbe: key=value lines about a node, read in one round trip.
 #   preflight_probe.sh MODEL_DIR INTERFACE [PORT...]
-#   gpu=NAME (gpu=!missing without nvidia-smi), free=BYTES under MODEL_DIR (or its nearest
-#   existing parent), used=BYTES staged there, link=the `ip -o link` line of INTERFACE,
+#   gpu=NAME (gpu=!missing without nvidia-smi), docker=VERSION of the daemon that answered
+#   (docker=!missing without docker, docker=!ERROR: the first line of docker's error when the
+#   daemon does not answer), free=BYTES under MODEL_DIR (or its nearest existing parent),
+#   used=BYTES staged there, link=the `ip -o link` line of INTERFACE,
 #   rdma=the device nodes in /dev/infiniband (what a lane's container is given), and one
 #   port=PORT pid= comm= container= line per listener on each PORT.
 dir=$1 iface=$2
@@ -11,6 +13,20 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   echo "gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n 1)"
 else
   echo 'gpu=!missing'
+fi
+if ! command -v docker >/dev/null 2>&1; then
+  echo 'docker=!missing'
+else
+  version=$(timeout 30 docker version --format '{{.Server.Version}}' 2>/dev/null)
+  rc=$?
+  if [ "$rc" = 0 ] && [ -n "$version" ]; then
+    echo "docker=$version"
+  elif [ "$rc" = 124 ]; then
+    echo 'docker=!docker version timed out after 30 s'
+  else
+    error=$(timeout 30 docker version --format '{{.Server.Version}}' 2>&1 >/dev/null | tr -d '\r' | grep -m 1 .)
+    echo "docker=!${error:-docker version exited $rc}"
+  fi
 fi
 p=$dir
 while [ ! -e "$p" ]; do p=$(dirname -- "$p"); done

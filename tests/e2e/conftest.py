@@ -99,10 +99,13 @@ class Bed:
                 ran.setdefault(found.group(1), Counter())[found.group(2)] += 1
         return ran
 
-    def converge(self, inventory: str, deploy: str, *data: str, check: bool = True) -> Converge:
+    def converge(self, inventory: str, deploy: str, *data: str, check: bool = True, limit: str = "") -> Converge:
+        """``deploy`` with ``--data`` items ``data`` (``limit``: hosts for pyinfra's ``--limit``, comma-separated)."""
         args = [str(BIN / "pyinfra"), "-y", "--json", inventory, deploy]
         for item in data:
             args += ["--data", item]
+        for name in filter(None, limit.split(",")):  # pyinfra: one --limit per host
+            args += ["--limit", name]
         proc = self.controller(*args)
         try:
             results = json.loads(proc.stdout)["results"]

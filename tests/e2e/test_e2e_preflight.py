@@ -46,3 +46,20 @@ def test_serve_changes_nothing_when_preflight_fails(pair):
     assert "10.213.1.1" not in pair.node("spark-1", "ip -4 -o addr show dev enp1s0f0np0").stdout
     heal = pair.converge(INV, "deploys/serve.py", "lane=")  # serving is test_e2e_zy_lane's: the bed stays lane-free
     assert heal.changed_hosts() == {"spark-1"}
+
+
+def test_a_stopped_dockerd_is_named_by_preflight_and_nothing_is_streamed(pair):
+    """dockerd stopped on the worker (issue 18): not a missing image. Preflight names the node and
+    docker's own error; the run stops before the head builds or streams anything."""
+    pair.node("spark-2", "systemctl stop docker.socket docker.service")
+    rx = pair.fabric_rx("spark-2")
+    try:
+        run = pair.converge(INV, "deploys/serve.py", check=False)
+    finally:
+        pair.node("spark-2", "systemctl start docker.socket docker.service")
+    assert run.returncode != 0
+    assert "[spark-2] preflight FAIL docker  dockerd does not answer: " in run.stderr, run.stderr[-3000:]
+    assert "preflight failed, nothing changed: spark-2 docker: dockerd does not answer: Cannot connect to the Docker daemon" in run.stderr
+    assert not run.changed_hosts(), run.changed
+    assert pair.fabric_rx("spark-2") - rx < 1 << 20, "something was streamed to the worker"
+    assert pair.converge(INV, PREFLIGHT).returncode == 0

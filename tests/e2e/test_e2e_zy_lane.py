@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -167,6 +168,59 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
     _killed_worker_comes_back(bed)
 
 
+def _restarts(bed, node="spark-1", lane="sim"):
+    return int(bed.node(node, f"systemctl show -p NRestarts --value {UNIT.format(lane)}").stdout.strip() or 0)
+
+
+def test_a_worker_cut_off_past_the_liveness_window_comes_back_without_a_converge(serving):
+    """The worker's fabric port down for 75 s (past the bed's 40 s liveness window and the worker's
+    60 s rendezvous timeout), then up, with no controller: the head restarts the lane once its API
+    stops completing, saying it could not reach (not stop) the worker; the worker stops itself, so it
+    never outlives rank 0 for long; restarts back off; the lane serves again by itself and a converge
+    then changes nothing."""
+    bed, _, _ = serving
+    restarts, since = _restarts(bed), time.time() - 1
+    bed.node("spark-2", "ip link set enp1s0f0np0 down")
+    cut = time.monotonic()
+    head_gone = worker_gone = None
+    try:
+        while time.monotonic() - cut < 75:
+            now = time.monotonic() - cut
+            if head_gone is None and _container_id(bed, "spark-1") is None:
+                head_gone = now
+            if worker_gone is None and _container_id(bed, "spark-2") is None:
+                worker_gone = now
+            if head_gone is not None and worker_gone is None:  # no orphan: the worker follows within its timeout
+                assert now - head_gone < 60 + 15, f"the worker outlived rank 0 by {now - head_gone:.0f}s"
+            time.sleep(2)
+    finally:
+        bed.node("spark-2", "ip link set enp1s0f0np0 up")
+    assert worker_gone is not None, "the cut-off worker never stopped itself"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            _assert_serving(bed)
+            break
+        except AssertionError:
+            time.sleep(3)
+    else:
+        pytest.fail("the lane did not serve again by itself after the fabric came back")
+    back = time.monotonic() - cut
+    made = _restarts(bed) - restarts
+    print(f"fabric cut 75s: rank 0 stopped at {head_gone}s, the worker stopped itself at {worker_gone:.0f}s, "
+          f"serving again {back:.0f}s after the cut, {made} restarts of the head's unit")
+    assert 1 <= made <= 8, made  # backed off: not one every 5 s
+    head = _journal(bed, "spark-1", "sim", since)
+    assert re.search(r"rank 1 on 10\.213\.1\.2 not reached \(.*\): the lane serves on while its API completes", head), head[-3000:]
+    assert "rank 1 on 10.213.1.2 not reached to stop it" in head, head[-3000:]  # not "stopped"
+    assert re.search(r"backing off \d+s before the next start: \d+ failure\(s\) in a row", head), head[-3000:]
+    worker = _journal(bed, "spark-2", "sim", since)
+    assert "rank 0's rendezvous 10.213.1.1:" in worker and "stopping this rank" in worker, worker[-3000:]
+    _wait_warm(bed)
+    run = bed.converge(INV, "deploys/serve.py")
+    assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
+
+
 # Faults a Spark meets before vLLM would (each on the worker, in what the converge manages): the lane's
 # container check refuses to start any rank, in seconds, naming the rank and the reason.
 PLAN, NCCL_ENV = "/etc/sparkinfra/lanes/sim.json", "/etc/sparkinfra/nccl.env"
@@ -237,14 +291,43 @@ def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(servi
     _verify_ok(bed)
 
 
+CHECK = "sparkinfra-vllm-check"
+SAVED = "/root/lane-sim-saved"  # lane sim's files, kept by the switch test for the next one
+
+
+def _lane_files(bed, node, lane):
+    listed = bed.node(node, f"ls -d /etc/systemd/system/sparkinfra-lane-{lane}.service /etc/sparkinfra/lanes/{lane}.* "
+                            f"/var/lib/sparkinfra/lanes/{lane}.* /run/sparkinfra/lanes/{lane}.* 2>/dev/null", check=False)
+    return listed.stdout.split()
+
+
 def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
-    """sim-b is the Ray lane (seed 002's launch): the worker's container joins the head's Ray, whose
-    vLLM places rank 1 on the worker; TP=2 across the pair answers, and verify passes on it."""
+    """A switch killed while vLLM in sim-b's image checks its arguments leaves sim serving (the old
+    lane stops only once the new one is placed and validated), with the check's container left
+    running; the next switch removes it and completes. sim-b is the Ray lane (seed 002's launch): the
+    worker's container joins the head's Ray, whose vLLM places rank 1 on the worker; TP=2 across
+    the pair answers, verify passes on it, and nothing of lane sim is left on any node."""
     bed, _, _ = serving
+    killed = bed.converge_in_background(INV, "deploys/serve.py", "lane=sim-b")
+    try:
+        deadline = time.monotonic() + 600  # sim-b's image is built first
+        while bed.node("spark-1", f"docker ps -q -f name={CHECK}").stdout.strip() == "":
+            assert killed.poll() is None and time.monotonic() < deadline, "the switch ended before its check ran"
+            time.sleep(1)
+    finally:
+        killed.kill()
+        killed.wait()
+    time.sleep(2)
+    _assert_serving(bed, "sim")  # the old lane was never stopped
+    for node in ("spark-1", "spark-2"):
+        placed = [f for f in _lane_files(bed, node, "sim") if not f.startswith("/run/")]
+        bed.node(node, f"rm -rf {SAVED} && mkdir -p {SAVED} && cp -a --parents {' '.join(placed)} {SAVED}/")
     run = bed.converge(INV, "deploys/serve.py", "lane=sim-b")
+    assert bed.node("spark-1", f"docker ps -aq -f name={CHECK}").stdout.strip() == "", "the check's container is left"
     for node in ("spark-1", "spark-2"):
         assert _active(bed, node, "sim") == "inactive", f"{node}: lane sim still runs"
         assert _active(bed, node, "sim-b") == "active", f"{node}: lane sim-b does not run"
+        assert _lane_files(bed, node, "sim") == [], f"{node}: lane sim left {_lane_files(bed, node, 'sim')}"
     assert run.changed["spark-1"]
     assert _chat(bed, model="tiny-b")["usage"]["completion_tokens"] > 0
     worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
@@ -308,6 +391,8 @@ def test_other_lane_started_by_hand_stops_this_one_and_converge_disables_it(serv
     """sim-b serves (the previous test); lane sim started by hand stops it on every node (one lane at
     a time), and the converge for sim leaves sim-b neither running nor starting at boot."""
     bed, _, _ = serving
+    for node in ("spark-1", "spark-2"):  # as an older sparkinfra, or an operator, left it
+        bed.node(node, f"cp -a {SAVED}/. / && rm -rf {SAVED} && systemctl daemon-reload")
     bed.node("spark-1", f"systemctl start {UNIT.format('sim')}")
     for node in ("spark-1", "spark-2"):
         assert _active(bed, node, "sim-b") != "active", f"{node}: starting sim must stop sim-b"
@@ -513,3 +598,53 @@ def test_full_teardown_then_serve_moves_nothing(serving):
     _teardown_again_then_serve(bed, *FULL)
     served = bed.converge(INV, "deploys/serve.py")
     assert served.changes == {"spark-1": 0, "spark-2": 0}, served.changed
+
+
+# One node brought back (issue 18): a re-installed worker, a changed host key, --limit
+# ----------------------------------------------------------------------------------
+
+REINSTALL = (  # what a re-install of spark-2 leaves (images and weights kept, as a full teardown keeps them)
+    "systemctl disable --now sparkinfra-lane-sim.service; docker rm -f vllm_node; "
+    "rm -rf /etc/sparkinfra /usr/local/lib/sparkinfra /var/lib/sparkinfra/lanes /var/lib/sparkinfra/mods "
+    "/run/sparkinfra /etc/systemd/system/sparkinfra-* /etc/netplan/60-sparkinfra-fabric.yaml; "
+    "systemctl daemon-reload; ip addr flush dev enp1s0f0np0 scope global; "
+    "sed -i '/sparkinfra-fabric@/d' /home/*/.ssh/authorized_keys; "
+    "rm -f /etc/ssh/ssh_host_*; ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key; systemctl restart ssh"
+)
+
+
+def test_a_reinstalled_worker_is_named_and_brought_back_by_a_run_of_its_cluster(serving):
+    """spark-2 re-installed (new host key, nothing of sparkinfra's left): a run limited to it is
+    refused at once naming the head to add (not "not reachable"); with the head, preflight names the
+    changed host key and how to accept it; accepted as the message says, one run brings the worker
+    back, starting the lane once; then a full converge changes nothing and verify passes."""
+    bed, _, _ = serving
+    bed.node("spark-2", REINSTALL)
+    before = _host_state(bed)
+    alone = bed.converge(INV, "deploys/serve.py", check=False, limit="spark-2")
+    said = alone.stderr + str(alone.results)
+    assert alone.returncode != 0 and "not reachable" not in said, said[-2000:]
+    assert ("--limit leaves out spark-1 of cluster sim: a run converges whole clusters" in said
+            and "add them: --limit spark-1 --limit spark-2; nothing was changed" in said), said[-2000:]
+    assert _host_state(bed) == before, "a refused run changed the hosts"
+
+    keyed = bed.converge(INV, "deploys/serve.py", check=False, limit="spark-1,spark-2")
+    known = simbed.known_hosts()
+    assert keyed.returncode != 0 and "[spark-2] preflight FAIL ssh" in keyed.stderr, keyed.stderr[-3000:]
+    assert "spark2@10.213.0.12: its SSH host key changed (ssh-ed25519 SHA256:" in keyed.stderr, keyed.stderr[-3000:]
+    fingerprint = bed.node("spark-2", "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
+    assert fingerprint in keyed.stderr
+    accept = f"ssh-keygen -f {known} -R '10.213.0.12'"
+    assert accept in keyed.stderr and "--data ssh_strict_host_key_checking=accept-new" in keyed.stderr
+
+    subprocess.run(shlex.split(accept), check=True, capture_output=True)  # on the controller, as the message says
+    since = time.time() - 1
+    back = bed.converge(INV, "deploys/serve.py", "ssh_strict_host_key_checking=accept-new", limit="spark-1,spark-2")
+    assert any("Head knows the workers' host keys" in op for op in back.changed["spark-1"]), back.changed
+    _assert_serving(bed)
+    starts = _journal(bed, "spark-1", "sim", since).count("(re)starting rank 1 on 10.213.1.2")
+    assert starts <= 1, f"the lane started {starts} times while the worker came back"
+    _wait_warm(bed)
+    again = bed.converge(INV, "deploys/serve.py")
+    assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
+    _verify_ok(bed)

@@ -7,13 +7,14 @@ Helpers for unit tests: a ``Cluster`` built the way a run builds it, from a pyin
 from __future__ import annotations
 
 import itertools
+from contextlib import chdir
 from pathlib import Path
 
-from pyinfra.api import State
+from pyinfra.api import Config, State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 
-from sparkinfra.run import checked_settings
+from sparkinfra.run import checked_settings, load_files
 from sparkinfra.settings import Cluster
 
 # The seeds' pair: head bluey (rank 0), worker reddie (rank 1), cabled directly.
@@ -44,3 +45,15 @@ def load_cluster(root: Path, group: dict | None = None, hosts: list | None = Non
         settings = checked_settings(inventory, inventory_file=f"inventory/{name}.py", cwd=str(project))
     (cluster,) = settings.clusters.values()
     return cluster
+
+
+def load_inventory(inventory_file: str, run_limit: list[str] | None = None):
+    """
+    One of the project's inventories (``inventory/sim_pairs.py``: two pairs) as pyinfra's CLI
+    loads it, with its settings and a run's state narrowed to ``run_limit`` (``--limit``).
+    """
+    repo = Path(__file__).resolve().parents[2]
+    with chdir(repo), ctx_state.use(State()):  # the inventory file checks itself in its project
+        inventory, settings = load_files(inventory_file)
+    limit = [inventory.get_host(name) for name in run_limit] if run_limit is not None else None
+    return State(inventory, Config(), initial_limit=limit), settings

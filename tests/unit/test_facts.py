@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api import Config, FactProcessError, Inventory, State
+from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from sparkinfra.facts.fabric import (
     GID_ZERO,
@@ -31,6 +33,7 @@ from sparkinfra.facts.files import FileState
 from sparkinfra.facts.lane import DockerContainer
 from sparkinfra.facts.mesh import AuthorizedKeys
 from sparkinfra.facts.nccl import NcclVersion, nccl_version_from_code
+from sparkinfra.facts.stage import DockerImageId, docker_answer
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_SHOW_GIDS = REPO / "sparkbed" / "standins" / "show_gids"
@@ -525,13 +528,95 @@ def test_nccl_version_fact_process():
         (["exited false"], {"status": "exited", "running": False}),
         (["created false"], {"status": "created", "running": False}),  # an aborted launch's placeholder
         (["paused true"], {"status": "paused", "running": True}),
-        ([], None),
-        ([""], None),
-        (["[]"], None),  # docker inspect of a missing name, on some versions
+        (["Error response from daemon: No such container: vllm_node"], None),
+        (["[]", "Error: No such container: vllm_node"], None),  # docker inspect of a missing name, on some versions
     ],
 )
 def test_docker_container_process(output, state):
     assert DockerContainer().process(output) == state
+
+
+@pytest.mark.parametrize("output", [
+    ["Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"],
+    [],
+])
+def test_docker_container_of_a_daemon_that_does_not_answer_is_an_error_not_absent(output):
+    with pytest.raises(FactProcessError, match="docker could not be asked"):
+        DockerContainer().process(output)
+
+
+# Docker's answers: absent, or could not be asked (``docker_answer``)
+# ---------------------------------------------------------------------
+
+IMAGE_ID = "sha256:" + "ab" * 32
+DOCKER_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+
+
+@pytest.mark.parametrize("output, value", [
+    ([IMAGE_ID], IMAGE_ID),
+    (["WARNING: Error loading config file: /root/.docker/config.json: permission denied", IMAGE_ID], IMAGE_ID),
+    (["", "Error: No such image: vllm-node:latest"], None),  # docker 24's client
+    (["Error response from daemon: No such image: vllm-node:latest"], None),  # docker 28's
+    (["[]", "Error: No such object: vllm-node:latest"], None),
+], ids=["id", "id-after-a-warning", "no-such-image", "no-such-image-daemon", "no-such-object"])
+def test_docker_image_id_is_the_id_or_absent(output, value):
+    assert DockerImageId().process(output) == value
+
+
+@pytest.mark.parametrize("output, error", [
+    (["", DOCKER_DOWN], DOCKER_DOWN),
+    (["permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"],
+     "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"),
+    (["sh: 1: docker: not found"], "sh: 1: docker: not found"),
+    (["   "], "no answer"),
+], ids=["daemon-down", "permission", "no-docker", "blank"])
+def test_a_docker_error_is_the_facts_error_never_a_missing_image(output, error):
+    with pytest.raises(FactProcessError) as raised:
+        DockerImageId().process(output)
+    assert str(raised.value) == f"docker could not be asked: {error}"
+
+
+def test_docker_answer_takes_the_first_accepted_line():
+    assert docker_answer(["running true"], lambda line: len(line.split()) == 2) == "running true"
+    assert docker_answer(["Error: No such container: vllm_node"], lambda line: len(line.split()) == 2) is None
+
+
+def fake_docker(tmp_path, monkeypatch, script: str) -> None:
+    """A stand-in ``docker`` first on this process's PATH, running ``script``."""
+    (tmp_path / "docker").write_text(f"#!/bin/sh\n{script}\n")
+    (tmp_path / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("script, value", [
+    (f"echo {IMAGE_ID}", IMAGE_ID),
+    ("echo 'Error: No such image: vllm-node:latest' >&2; exit 1", None),
+], ids=["there", "absent"])
+def test_docker_image_id_command_run_here(tmp_path, monkeypatch, script, value):
+    fake_docker(tmp_path, monkeypatch, script)
+    command = DockerImageId().command(image="vllm-node:latest").get_raw_value()
+    assert "2>&1 || true" in command and "/dev/null" not in command  # docker's error reaches the fact
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert DockerImageId().process(out.splitlines()) == value
+
+
+def test_a_daemon_that_does_not_answer_is_reported_on_its_host_which_fails(tmp_path, monkeypatch, caplog):
+    """Through pyinfra's own fact gathering, on a local host: the error is logged at the default
+    verbosity (error) with that host's prefix, and the host fails; the value reads ``None``, which
+    is why operations check the failed hosts (``operations.stage.image_ids``)."""
+    fake_docker(tmp_path, monkeypatch, f"echo; echo '{DOCKER_DOWN}' >&2; exit 1")
+    inventory = Inventory((["@local", "spark-2"], {}))
+    state = State(inventory, Config())
+    local = inventory.get_host("@local")
+    local.connect()
+    for h in inventory:
+        state.activate_host(h)  # another host stays active: pyinfra stops a run with none left
+    with ctx_state.use(state), ctx_config.use(state.config), ctx_host.use(local), caplog.at_level("INFO"):
+        assert local.get_fact(DockerImageId, image="vllm-node:latest") is None
+    assert state.failed_hosts == {local}
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("[@local]" in e and f"FactProcessError: docker could not be asked: {DOCKER_DOWN}" in e
+               for e in errors), errors
 
 
 # FileState: one command for what files.put asks three facts (run here, on this machine's files)

@@ -15,12 +15,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from pyinfra.api import FileUploadCommand
+from pyinfra.api import FileUploadCommand, OperationError
 from pyinfra.context import ctx_host, ctx_state
 
 from sparkinfra import lanes, scripts
 from sparkinfra.lanes import images
-from sparkinfra.operations.stage import image_built
+from sparkinfra.operations.stage import image_built, image_on_workers, image_present
 
 from test_lane_plan import _sim_cluster
 from test_operations import FakeHost, rendered
@@ -244,6 +244,82 @@ def test_image_built_builds_only_a_missing_tag():
             "dockerfile Dockerfile BASE_IMAGE=sparkbed/stage:1"
         )
 
+
+
+# The image on the workers: streamed only where its ID differs, never on an error
+
+
+IMAGE, HEAD_ID, OLD_ID = "vllm-node:latest", "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+class DockerDown(FakeHost):
+    """A node whose dockerd does not answer: as pyinfra does with the fact's error, it is reported
+    on the node, the node fails, and the read gives the fact's default."""
+
+    def get_fact(self, fact, *args, **kwargs):
+        self.state.failed_hosts.add(self)
+        return None
+
+
+class Unreadable(FakeHost):
+    """A node whose fact read breaks (a lost connection)."""
+
+    def get_fact(self, fact, *args, **kwargs):
+        raise ConnectionError("channel closed")
+
+
+def fan_out(*workers: FakeHost, head: FakeHost | None = None) -> tuple[list[str], list[str], str]:
+    """(commands, head's noops, refusal) of ``image_on_workers`` on the head, every node in one run."""
+    head = head or FakeHost("spark-1", [{"fact": "DockerImageId", "args": {"image": IMAGE}, "value": HEAD_ID}])
+    for w in workers:
+        w.state = head.state
+    with ctx_state.use(head.state), ctx_host.use(head):
+        try:
+            commands = list(image_on_workers._inner(
+                image=IMAGE, workers=[(w, f"10.213.1.{i}") for i, w in enumerate(workers, 2)]))
+        except OperationError as refusal:  # caught inside: pyinfra's ``use`` restores nothing on an error
+            return [], head.noops, str(refusal)
+    return [rendered(c) for c in commands], head.noops, ""
+
+
+def worker(name: str, image_id: str | None) -> FakeHost:
+    return FakeHost(name, [{"fact": "DockerImageId", "args": {"image": IMAGE}, "value": image_id}])
+
+
+def test_the_image_streams_only_to_workers_whose_id_differs():
+    commands, _, _ = fan_out(worker("spark-2", HEAD_ID), worker("spark-3", OLD_ID), worker("spark-4", None))
+    assert len(commands) == 1
+    assert commands[0].endswith(f"image_fanout.sh {IMAGE} {HEAD_ID} spark-3=10.213.1.3 spark-4=10.213.1.4")
+    commands, noops, _ = fan_out(worker("spark-2", HEAD_ID))
+    assert commands == [] and noops == [f"every worker has {IMAGE} {HEAD_ID[:19]}"]
+
+
+def test_a_worker_whose_docker_could_not_be_asked_stops_the_stream_naming_it():
+    commands, _, refusal = fan_out(worker("spark-2", OLD_ID), DockerDown("spark-3", []))
+    assert commands == []
+    assert refusal == (
+        f"the ID of image {IMAGE} could not be read on spark-3 (failed in this run, its error is above): "
+        "nothing was loaded, built or streamed"
+    )
+
+
+def test_a_worker_that_failed_earlier_in_the_run_gets_nothing():
+    failed = worker("spark-2", OLD_ID)
+    head = FakeHost("spark-1", [{"fact": "DockerImageId", "args": {"image": IMAGE}, "value": HEAD_ID}])
+    head.state.failed_hosts.add(failed)
+    commands, _, refusal = fan_out(failed, head=head)
+    assert commands == [] and "could not be read on spark-2 (failed in this run" in refusal
+
+
+def test_a_worker_whose_read_breaks_stops_the_stream_naming_it_and_the_error():
+    commands, _, refusal = fan_out(worker("spark-2", OLD_ID), Unreadable("spark-3", []))
+    assert commands == [] and "could not be read on spark-3 (ConnectionError: channel closed)" in refusal
+
+
+def test_a_head_whose_docker_could_not_be_asked_loads_nothing():
+    head = DockerDown("spark-1", [])
+    with ctx_state.use(head.state), ctx_host.use(head), pytest.raises(OperationError, match="on spark-1 "):
+        list(image_present._inner(image=IMAGE, tarball="/srv/vllm-node.tar"))
 
 
 def test_a_lanes_image_is_hashed_once_per_run_and_again_when_a_file_changes(tmp_path):

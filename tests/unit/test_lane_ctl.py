@@ -1,4 +1,4 @@
-"""lane_ctl.py's trial plans: the lane's own plan with one knob changed, as GMU bracketing starts it."""
+"""lane_ctl.py: trial plans, the pin over the copies, memory hygiene, compile caches, supervision."""
 
 from __future__ import annotations
 
@@ -241,3 +241,165 @@ def test_compile_caches_are_kept_per_image_and_a_new_image_starts_cold(ctl, caps
     assert "compile caches of image aaaaaaaaaaaa removed: a new image starts cold" in err
     assert "compile caches of image bbbbbbbbbbbb: cold" in err
     assert sorted(d.name for d in root.iterdir()) == ["bbbbbbbbbbbb"]
+
+
+# Supervision (issue 18): unreachable is not dead, restarts back off, no worker outlives its lane
+# ------------------------------------------------------------------------------------------------
+
+
+class _Child:
+    """A rank's container that runs until ``ends`` watches have passed (never, by default)."""
+
+    def __init__(self, ends=None, code=0):
+        self.ends, self.code, self.watches = ends, code, 0
+
+    def wait(self, timeout=None):
+        if timeout is None or (self.ends is not None and self.watches >= self.ends):
+            return self.code
+        self.watches += 1
+        raise subprocess.TimeoutExpired("docker", timeout)
+
+
+def _head(ctl, **extra):
+    return {**_plan(ctl), "rank": 0, "unit": "sparkinfra-lane-sim.service", "api_port": 9, "watch_interval": 0,
+            "watch_grace": 0, "liveness_interval": 30, "liveness_timeout": 5, "unreachable_grace": 900,
+            "head_lost_timeout": 60, "stop_seconds": 1, "warmup": [],
+            "workers": [{"ip": "10.0.0.2", "rank": 1}], **extra}
+
+
+def _watch(ctl, monkeypatch, plan, states, completions, ends=None):
+    """``watch_head`` over a worker whose states (``worker_states``' answers) and the API's completions
+    come in the order given; returns the unit's status, what it said, and how many completions it asked."""
+    asked, stopped = [], []
+    monkeypatch.setattr(ctl, "worker_states", lambda p: states.pop(0) if len(states) > 1 else states[0])
+    monkeypatch.setattr(ctl, "request", lambda p, path, timeout=10: (200, {}))
+    monkeypatch.setattr(ctl, "warm", lambda p: True)
+    monkeypatch.setattr(ctl, "completion", lambda p, timeout=60: (asked.append(1) or completions.pop(0)))
+    monkeypatch.setattr(ctl, "stop_workers", lambda p, path: stopped.append(1))
+    monkeypatch.setattr(ctl, "stop_container", lambda p, child: None)
+    monkeypatch.setattr(ctl.signal, "signal", lambda *a: None)
+    said = []
+    monkeypatch.setattr(ctl, "say", said.append)
+    code = ctl.watch_head(plan, "PLAN", _Child(ends))
+    return code, said, len(asked), bool(stopped)
+
+
+LOST = ([], {"10.0.0.2": "ssh: connect to host 10.0.0.2 port 22: No route to host"})
+FINE = ([], {})
+
+
+def test_an_unreachable_worker_does_not_restart_a_lane_that_completes(ctl, monkeypatch):
+    """Lost for five watches, the API asked at each (not every liveness_interval) and answering: the
+    lane serves on; reached again, it is said so; the container's own end is what stops the watch."""
+    code, said, asked, _ = _watch(ctl, monkeypatch, _head(ctl), [FINE, *[LOST] * 5, FINE],
+                                  [(True, "1 completion tokens")] * 6, ends=8)
+    assert code == 1 and asked >= 5  # (the container's end: "not serving")
+    assert any("rank 1 on 10.0.0.2 not reached (ssh: connect to host 10.0.0.2 port 22: No route to host): "
+               "the lane serves on while its API completes, for at most 900s" in line for line in said), said
+    assert any("rank 1 on 10.0.0.2 reached again after" in line for line in said), said
+    assert not any("restarting the lane" in line for line in said), said
+
+
+def test_an_unreachable_worker_restarts_the_lane_once_the_api_fails_twice(ctl, monkeypatch):
+    code, said, asked, stopped = _watch(ctl, monkeypatch, _head(ctl), [FINE, LOST],
+                                        [(True, "ok"), (False, "HTTP 0: timed out"), (False, "HTTP 0: timed out")])
+    assert code == 1 and stopped and asked == 3
+    assert said[-1] == ("the API stopped completing (HTTP 0: timed out) while rank 1 on 10.0.0.2 is not reached: "
+                        "restarting the lane on every node"), said
+    assert ctl.mark(_head(ctl), "stop-reason").read_text().startswith("the API stopped completing")
+
+
+def test_an_unreachable_worker_restarts_the_lane_after_the_grace(ctl, monkeypatch):
+    code, said, _, _ = _watch(ctl, monkeypatch, _head(ctl, unreachable_grace=0), [FINE, LOST], [(True, "ok")] * 9)
+    assert code == 1 and "rank 1 on 10.0.0.2 not reached for 0s (ssh: connect to host" in said[-1], said
+
+
+def test_a_worker_whose_unit_is_down_restarts_the_lane_at_once(ctl, monkeypatch):
+    down = ([{"ip": "10.0.0.2", "rank": 1}], {})
+    code, said, asked, stopped = _watch(ctl, monkeypatch, _head(ctl), [down], [])
+    assert (code, asked, stopped) == (1, 0, True)
+    assert said[-1] == "rank 1 on 10.0.0.2 is not running: restarting the lane on every node"
+
+
+def test_worker_states_tells_down_from_unreached(ctl, monkeypatch):
+    answers = {"10.0.0.2": subprocess.CompletedProcess([], 3, "failed\n", ""),
+               "10.0.0.3": subprocess.CompletedProcess([], 255, "", "Host key verification failed.\n"),
+               "10.0.0.4": subprocess.CompletedProcess([], 0, "active\n", "")}
+    monkeypatch.setattr(ctl, "on_worker", lambda ip, *args, timeout=30: answers[ip])
+    workers = [{"ip": ip, "rank": rank} for rank, ip in enumerate(answers, 1)]
+    down, lost = ctl.worker_states({"workers": workers, "unit": "u"})
+    assert down == workers[:1]
+    assert list(lost) == ["10.0.0.3"] and "its SSH host key changed" in lost["10.0.0.3"]
+
+
+def test_a_worker_that_does_not_answer_in_time_is_not_reached(ctl, monkeypatch):
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args, kwargs.get("timeout"))
+
+    monkeypatch.setattr(ctl, "sh", hangs)
+    done = ctl.on_worker("10.0.0.2", "systemctl", "is-active", "u", timeout=7)
+    assert not ctl.reached(done) and ctl.ssh_error(done) == "ssh 10.0.0.2: no answer within 7s"
+
+
+def test_failures_in_a_row_are_counted_with_their_reason_and_back_off(ctl, monkeypatch, capsys):
+    p = _plan(ctl)
+    assert [ctl.backoff(n) for n in range(8)] == [0, 5, 10, 20, 40, 80, 120, 120]
+    for _ in range(3):
+        ctl.note_stop(p, "rank 1 on 10.0.0.2 is not running")
+        ctl.count_stop(p, "exit-code", "1")
+    ctl.count_stop(p, "exit-code", "1")  # no reason noted: systemd's own words
+    assert ctl.failures(p)["count"] == 4 and ctl.failures(p)["reason"] == "rank 0 ended (exit-code, status 1)"
+    slept = []
+    monkeypatch.setattr(ctl.time, "sleep", slept.append)
+    ctl.back_off(p)
+    assert 39 < slept[0] <= 40
+    assert "backing off 40s before the next start: 4 failure(s) in a row" in capsys.readouterr().err
+    ctl.count_stop(p, "success", "0")  # a stop asked for (a converge, an operator): from zero again
+    assert ctl.failures(p) == {}
+    ctl.back_off(p)
+    assert len(slept) == 1
+
+
+def _rendezvous(ctl, monkeypatch, opens, ends=None, **extra):
+    said, stopped = [], []
+    monkeypatch.setattr(ctl, "say", said.append)
+    monkeypatch.setattr(ctl, "tcp_open", lambda host, port: opens.pop(0) if len(opens) > 1 else opens[0])
+    monkeypatch.setattr(ctl, "stop_container", lambda p, child: stopped.append(1))
+    moments = iter(range(0, 10_000, 10))  # every watch 10 s later
+    monkeypatch.setattr(ctl.time, "monotonic", lambda: next(moments))
+    plan = {"rank": 1, "watch_interval": 0, "head_lost_timeout": 60, "start_timeout": 600,
+            "rendezvous": {"host": "10.0.0.1", "port": 29501}, **extra}
+    code = ctl.watch_rendezvous(plan, _Child(ends=ends))
+    return code, said, bool(stopped)
+
+
+def test_a_worker_that_lost_rank_0_stops_itself(ctl, monkeypatch):
+    code, said, stopped = _rendezvous(ctl, monkeypatch, [True, True, False, True, False])
+    assert (code, stopped) == (1, True)
+    assert said[0] == ("rank 0's rendezvous 10.0.0.1:29501 stopped answering: this rank stops itself if it is "
+                       "gone for 60s")
+    assert "rank 0's rendezvous 10.0.0.1:29501 answers again after 10s" in said[1]  # a flap is survived
+    assert said[-1].startswith("rank 0's rendezvous 10.0.0.1:29501 has been gone for 60s: stopping this rank")
+
+
+def test_a_worker_that_never_saw_rank_0_stops_after_the_start_timeout(ctl, monkeypatch):
+    code, said, stopped = _rendezvous(ctl, monkeypatch, [False], start_timeout=100)
+    assert (code, stopped) == (1, True) and "did not answer within 100s" in said[-1], said
+
+
+def test_a_worker_whose_container_ends_returns_its_status(ctl, monkeypatch):
+    code, said, stopped = _rendezvous(ctl, monkeypatch, [True], ends=3)
+    assert (code, said, stopped) == (0, [], False)
+
+
+def test_stopped_is_said_only_when_something_stopped(ctl, monkeypatch):
+    answers = [subprocess.CompletedProcess([], 0, "stopped\n", ""), subprocess.CompletedProcess([], 0, "was failed\n", ""),
+               subprocess.CompletedProcess([], 255, "", "ssh: connect to host 10.0.0.4 port 22: No route to host")]
+    monkeypatch.setattr(ctl, "on_workers", lambda workers, *args, timeout=30: answers)
+    said = []
+    monkeypatch.setattr(ctl, "say", said.append)
+    workers = [{"ip": f"10.0.0.{i}", "rank": i - 1} for i in (2, 3, 4)]
+    ctl.stop_workers({"workers": workers, "head_lost_timeout": 60}, "PLAN")
+    assert said == ["stopped rank 1 on 10.0.0.2",
+                    "rank 3 on 10.0.0.4 not reached to stop it (ssh: connect to host 10.0.0.4 port 22: No route to "
+                    "host): it stops itself once rank 0's rendezvous is gone for 60s"]

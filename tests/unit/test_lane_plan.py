@@ -133,3 +133,23 @@ def test_a_lane_with_mods_mounts_them_and_a_changed_mod_moves_its_digest(tmp_pat
     assert head.command[4:9] == worker.command[:5]
     (tmp_path / "mods/hello/run.sh").write_text("#!/bin/bash\necho hello again\n")
     assert serving.rank_plans(lane, cluster)[0].digest != head.digest
+
+
+# A lane's files: named in one place (serving.lane_paths), found again by the node's fact
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lane", ["sim", "sim-b", "pair-a-balanced", "v1.2"])
+def test_every_path_of_a_lane_is_found_as_that_lanes(lane):
+    from sparkinfra.facts.lane import LaneFiles
+
+    paths = serving.lane_paths(lane)
+    assert [serving.lane_of_path(p) for p in paths] == [lane] * len(paths)
+    listed = [*paths, "/var/lib/sparkinfra/lanes/vllm_check.py", "/etc/sparkinfra/lanes/.json"]  # not a lane's
+    assert LaneFiles().process(listed) == {lane: sorted(paths)}
+
+
+def test_every_mark_the_runner_writes_is_a_lane_path():
+    """What lane_ctl leaves in the marks folder goes with its lane (MARK_NAMES is the list)."""
+    written = set(re.findall(r'mark\(\w+, "([\w.-]+)"\)', serving.LANE_CTL_SOURCE.read_text()))
+    assert written and written <= set(serving.MARK_NAMES), written - set(serving.MARK_NAMES)

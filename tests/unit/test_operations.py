@@ -28,11 +28,13 @@ CASES = sorted(f"{p.parent.name}/{p.stem}" for p in FIXTURES.glob("*/*.json"))
 
 
 class FakeState:
-    """The run a fake host belongs to: its stage, and no operation run yet."""
+    """The run a fake host belongs to: its stage, no operation run yet, no host failed."""
 
     def __init__(self, stage: StateStage) -> None:
         self.current_stage = stage
         self.ops: dict = {}
+        self.config = None
+        self.failed_hosts: set = set()
 
 
 class FakeHost:

@@ -6,14 +6,15 @@ cluster loaded from a pyinfra inventory (the seeds' pair: head bluey, worker red
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 
 import pytest
-from spark_cluster import load_cluster
+from spark_cluster import load_cluster, load_inventory
 
-from sparkinfra import lanes
-from sparkinfra.preflight import Check, PreflightProbe, evaluate, link_flags, required_ports
+from sparkinfra import lanes, preflight, run
+from sparkinfra.preflight import Check, PreflightFailed, PreflightProbe, evaluate, link_flags, required_ports
 
 HEAD, WORKER = "bluey", "reddie"
 GB = 1_000_000_000
@@ -43,13 +44,15 @@ LINK_ADMIN_DOWN = (
 
 def probe_lines(
     gpu: str = "NVIDIA GB10",
+    docker: str = "28.3.3",
     free: int | str = 512 * GB,
     used: int | str = 0,
     link: str = LINK_UP,
     ports: tuple[str, ...] = (),
 ) -> list[str]:
     """What ``PreflightProbe.command`` prints on a node."""
-    return [f"gpu={gpu}", f"free={free}", f"used={used}", f"link={link}", *(f"port={p}" for p in ports)]
+    return [f"gpu={gpu}", f"docker={docker}", f"free={free}", f"used={used}", f"link={link}",
+            *(f"port={p}" for p in ports)]
 
 
 def probe(**kwargs) -> dict:
@@ -75,6 +78,7 @@ def test_probe_process():
     lines = probe_lines(ports=("8000 pid=4242 comm=python3 container=", "29501 pid=5151 comm=python3 container=vllm_node"))
     assert PreflightProbe().process(lines) == {
         "gpu": "NVIDIA GB10",
+        "docker": "28.3.3",
         "free": str(512 * GB),
         "used": "0",
         "link": LINK_UP,
@@ -84,8 +88,8 @@ def test_probe_process():
 
 def test_probe_process_empty_values():
     # No model folder yet (du prints nothing), no interface (ip prints nothing), no listeners.
-    assert PreflightProbe().process(["gpu=!missing", "free=1000", "used=", "link="]) == {
-        "gpu": "!missing", "free": "1000", "used": "", "link": "", "ports": [],
+    assert PreflightProbe().process(["gpu=!missing", "docker=!missing", "free=1000", "used=", "link="]) == {
+        "gpu": "!missing", "docker": "!missing", "free": "1000", "used": "", "link": "", "ports": [],
     }
 
 
@@ -100,13 +104,48 @@ def test_probe_script_runs_and_its_lines_are_read(tmp_path):
         done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     found = PreflightProbe().process(done.stdout.splitlines())
-    assert set(found) >= {"gpu", "free", "used", "link", "rdma", "ports"}, found
+    assert set(found) >= {"gpu", "docker", "free", "used", "link", "rdma", "ports"}, found
     assert int(found["free"]) > 0 and found["used"] == ""
     assert "lo:" in found["link"] and "UP" in link_flags(found)
     assert [p.split()[0] for p in found["ports"]] == [str(port)], found["ports"]
     assert f"pid={os.getpid()}" in found["ports"][0]
     worker = PreflightProbe().command("/var/lib/sparkinfra/hf", "enp1s0f0np0", ()).get_raw_value()
     assert worker.endswith("preflight_probe.sh /var/lib/sparkinfra/hf enp1s0f0np0")
+
+
+# The probe's docker line, from stand-ins of docker's client: the daemon answers, does not
+# answer (docker's own words on stderr, a blank line on stdout first), or there is no docker.
+DOCKER_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+DOCKER_STANDINS = {
+    "answers": "echo 28.3.3",
+    "down": f"echo; printf '%s\\r\\n%s\\n' '{DOCKER_DOWN}' 'second line' >&2; exit 1",
+}
+
+
+def probe_docker(tmp_path, docker: str | None) -> str:
+    """The ``docker=`` value ``preflight_probe.sh`` prints with this stand-in docker (``None``: none on PATH)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "dirname", "df", "awk", "du", "cut", "ip", "ss", "grep", "head", "tr", "timeout"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    if docker is not None:
+        (bin_dir / "docker").write_text(f"#!/bin/sh\n{DOCKER_STANDINS[docker]}\n")
+        (bin_dir / "docker").chmod(0o755)
+    command = PreflightProbe().command(str(tmp_path), "lo", ()).get_raw_value()
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(bin_dir)})
+    assert done.returncode == 0, done.stderr
+    return PreflightProbe().process(done.stdout.splitlines())["docker"]
+
+
+@pytest.mark.parametrize("docker, said", [
+    ("answers", "28.3.3"),
+    ("down", f"!{DOCKER_DOWN}"),  # its first line, without the carriage return
+    (None, "!missing"),
+], ids=["answers", "down", "missing"])
+def test_probe_script_says_whether_dockerd_answers(tmp_path, docker, said):
+    assert probe_docker(tmp_path, docker) == said
 
 
 def test_required_ports(cluster):
@@ -125,12 +164,13 @@ def test_required_ports(cluster):
 
 def test_all_good_on_the_head(cluster):
     checks = evaluate(cluster, HEAD, probe())
-    assert [c.check for c in checks] == ["ssh", "gpu", "disk", "fabric", "ports"]
+    assert [c.check for c in checks] == ["ssh", "gpu", "docker", "disk", "fabric", "ports"]
     assert all(c.ok for c in checks), checks
     assert all(c.host == HEAD for c in checks)
     got = by_name(checks)
     assert got["ssh"].detail == "nvidia@bluey.local"
     assert got["gpu"].detail == "NVIDIA GB10"
+    assert got["docker"].detail == "dockerd 28.3.3 answers"
     assert got["disk"].detail == "512.0 GB free + 0.0 GB staged under /var/lib/sparkinfra/hf, 240.0 GB needed"
     assert got["fabric"].detail == "enp1s0f0np0 up, carrier"
     assert got["ports"].detail == "8000, 29501 free"
@@ -138,7 +178,7 @@ def test_all_good_on_the_head(cluster):
 
 def test_all_good_on_a_worker_has_no_ports_check(cluster):
     checks = evaluate(cluster, WORKER, probe())
-    assert [c.check for c in checks] == ["ssh", "gpu", "disk", "fabric"]
+    assert [c.check for c in checks] == ["ssh", "gpu", "docker", "disk", "fabric"]
     assert all(c.ok for c in checks), checks
     assert checks[0].detail == "reddie@reddie.local"
 
@@ -281,9 +321,9 @@ def test_head_port_held_by_a_container_with_a_longer_name(cluster):
 
 
 def test_several_failures_are_all_reported(cluster):
-    checks = evaluate(cluster, HEAD, probe(gpu="!missing", free=0, link=LINK_NO_CARRIER,
+    checks = evaluate(cluster, HEAD, probe(gpu="!missing", docker="!missing", free=0, link=LINK_NO_CARRIER,
                                            ports=("8000 pid=1 comm=nginx container=",)))
-    assert [c.check for c in checks if not c.ok] == ["gpu", "disk", "fabric", "ports"]
+    assert [c.check for c in checks if not c.ok] == ["gpu", "docker", "disk", "fabric", "ports"]
     assert checks[0].ok  # reached over SSH
 
 
@@ -312,3 +352,102 @@ def test_a_lane_that_opts_out_of_rdma_says_so_and_no_lane_has_no_rdma_check(clus
     found = by_name(evaluate(cluster, HEAD, {**probe(), "rdma": ""}, lane=cpu))["rdma"]
     assert found.ok and found.detail == "not used: lane sim says container.rdma: false"
     assert "rdma" not in by_name(evaluate(cluster, HEAD, probe()))
+
+
+# docker: dockerd answers on every node
+
+
+@pytest.mark.parametrize("host", [HEAD, WORKER])
+def test_dockerd_answering_passes(cluster, host):
+    found = by_name(evaluate(cluster, host, probe(docker="28.3.3")))["docker"]
+    assert found == Check(host, "docker", True, "dockerd 28.3.3 answers")
+
+
+@pytest.mark.parametrize("host", [HEAD, WORKER])
+def test_dockerd_not_answering_fails_on_that_node_with_its_error(cluster, host):
+    checks = evaluate(cluster, host, probe(docker=f"!{DOCKER_DOWN}"))
+    assert [c for c in checks if not c.ok] == [
+        Check(host, "docker", False, f"dockerd does not answer: {DOCKER_DOWN}")]
+
+
+def test_no_docker_fails(cluster):
+    assert by_name(evaluate(cluster, WORKER, probe(docker="!missing")))["docker"] == Check(
+        WORKER, "docker", False, "docker not found")
+
+
+# run: the clusters in the run, every node of them
+
+
+def test_a_stopped_dockerd_on_a_worker_stops_the_run_naming_the_worker(monkeypatch):
+    state, settings = load_inventory("inventory/sim_pairs.py", ["spark-1", "spark-2"])
+    for name in ("spark-1", "spark-2"):
+        state.activate_host(state.inventory.get_host(name))
+    good = {**probe(), "rdma": "rdma_cm uverbs0"}
+    probes = {"spark-1": good, "spark-2": {**good, "docker": f"!{DOCKER_DOWN}"}}
+    monkeypatch.setattr(preflight, "at_once", lambda calls: [probes[h.name] for h, *_ in calls])
+    with pytest.raises(PreflightFailed) as failed:
+        preflight.run(state, settings, run.in_run(state))
+    assert str(failed.value) == (
+        f"preflight failed, nothing changed: spark-2 docker: dockerd does not answer: {DOCKER_DOWN}")
+
+
+def test_a_cluster_left_out_of_the_run_is_not_checked(monkeypatch):
+    """--limit spark-3 --limit spark-4: pair_a is not in the run, so not "not reachable"; spark-4 is in the
+    run but could not be connected, so it is."""
+    state, settings = load_inventory("inventory/sim_pairs.py", ["spark-3", "spark-4"])
+    state.activate_host(state.inventory.get_host("spark-3"))
+    asked = []
+
+    def probes(calls):
+        asked.extend(h.name for h, *_ in calls)
+        return [{**probe(), "rdma": "rdma_cm uverbs0"} for _ in calls]
+
+    monkeypatch.setattr(preflight, "at_once", probes)
+    # (no connection from a unit test: the bed's addresses are not routed here)
+    monkeypatch.setattr(preflight, "unreachable_detail", lambda data, name: f"{name}'s own reason")
+    with pytest.raises(PreflightFailed) as failed:
+        preflight.run(state, settings, run.in_run(state))
+    assert asked == ["spark-3"]
+    assert str(failed.value) == "preflight failed, nothing changed: spark-4 ssh: spark-4's own reason"
+    state.activate_host(state.inventory.get_host("spark-4"))
+    assert {c.host for c in preflight.run(state, settings, run.in_run(state))} == {"spark-3", "spark-4"}
+
+
+# A node the controller could not connect to: a changed host key by name (issue 18)
+# ----------------------------------------------------------------------------------
+
+
+def _known_hosts(tmp_path, key, entry="10.0.0.12"):
+    path = tmp_path / "known_hosts"
+    path.write_text(f"{entry} {key.get_name()} {key.get_base64()}\n")
+    return path
+
+
+def test_a_changed_host_key_is_named_with_how_to_accept_it(tmp_path, monkeypatch):
+    import paramiko
+
+    keys = []
+    for name in ("old", "new"):
+        done = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)])
+        assert done.returncode == 0
+        keys.append(paramiko.Ed25519Key.from_private_key_file(str(tmp_path / name)))
+    path = _known_hosts(tmp_path, keys[0])
+    monkeypatch.setattr(preflight, "offered_key", lambda host, port, types, timeout=5: keys[1])
+    data = {"ssh_hostname": "10.0.0.12", "ssh_user": "spark2", "ssh_known_hosts_file": str(path)}
+    detail = preflight.unreachable_detail(data, "spark-2")
+    assert detail.startswith(f"spark2@10.0.0.12: its SSH host key changed (ssh-ed25519 {keys[1].fingerprint} is "
+                             f"not the key {path} holds): if spark-2 was re-installed")
+    assert detail.endswith(f"ssh-keygen -f {path} -R '10.0.0.12', and run once with "
+                           "--data ssh_strict_host_key_checking=accept-new")
+    monkeypatch.setattr(preflight, "offered_key", lambda host, port, types, timeout=5: keys[0])
+    assert "key changed" not in preflight.unreachable_detail(data, "spark-2")  # same key: another failure
+    other_port = {**data, "ssh_port": 2222}
+    assert "key changed" not in preflight.unreachable_detail(other_port, "spark-2")  # [host]:2222 is not known
+
+
+def test_a_node_that_does_not_answer_is_not_reachable_with_the_reason():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    detail = preflight.unreachable_detail({"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_user": "u"}, "n")
+    assert detail.startswith("u@127.0.0.1 not reachable (") and "refused" in detail, detail

@@ -1,18 +1,26 @@
 """
 ``run.start``: pyinfra loads a deploy for every host at once, in greenlets; the run-level work
-(settings, SSH tuning, the converge lock, preflight) happens once per run, the other hosts wait
-for it, and an error there stops every host.
+(settings, whole clusters, SSH tuning, the converge lock, preflight) happens once per run, the
+other hosts wait for it, and an error there stops every host. ``run.whole_clusters``: a
+``--limit`` that covers part of a cluster is refused at once, naming the hosts to add.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from pathlib import Path
+
 import gevent
 import pytest
+from pyinfra.api import State
 from pyinfra.context import ctx_host, ctx_state
+from spark_cluster import load_inventory
 
 from sparkinfra import run
+from sparkinfra.settings import InventorySettingsError
+
+PAIRS = "inventory/sim_pairs.py"  # pair_a: spark-1 (head), spark-2; pair_b: spark-3 (head), spark-4
 
 
 class Cluster:
@@ -28,6 +36,8 @@ def calls(monkeypatch):
     cluster = Cluster()
     settings = SimpleNamespace(cluster_of=lambda name: cluster)
     monkeypatch.setattr(run, "_settings_of_run", lambda state: calls.append("settings") or settings)
+    monkeypatch.setattr(run, "whole_clusters", lambda state, settings: calls.append("whole_clusters"))
+    monkeypatch.setattr(run, "in_run", lambda state: {"spark-1", "spark-2", "spark-3"})
     monkeypatch.setattr(run.ssh, "prompt_replies", lambda state: calls.append("ssh"))
 
     def hold(state, inventory, settings, dry=False):
@@ -35,7 +45,8 @@ def calls(monkeypatch):
         calls.append("lock")
 
     monkeypatch.setattr(run.lock, "hold", hold)
-    monkeypatch.setattr(run.preflight, "run", lambda state, settings: gevent.sleep(0.05) or calls.append("preflight"))
+    monkeypatch.setattr(run.preflight, "run",
+                        lambda state, settings, in_run: gevent.sleep(0.05) or calls.append("preflight"))
     return calls
 
 
@@ -54,8 +65,10 @@ def load_every_host(state, names, **kwargs):
         with ctx_state.use(state), ctx_host.use(SimpleNamespace(name=name)):
             return run.start(**kwargs)
 
+    before = ctx_state.get()
     jobs = [gevent.spawn(load, name) for name in names]
     gevent.joinall(jobs)
+    ctx_state.set(before)  # pyinfra's ``use`` restores nothing when run.start raises
     return jobs
 
 
@@ -63,12 +76,12 @@ def test_the_run_level_work_happens_once_while_every_host_waits(calls):
     state = new_state()
     jobs = load_every_host(state, ["spark-1", "spark-2", "spark-3"], preflight_first=True)
     assert all(job.successful() for job in jobs), [job.exception for job in jobs]
-    assert calls == ["settings", "ssh", "lock", "preflight"]
+    assert calls == ["settings", "whole_clusters", "ssh", "lock", "preflight"]
     assert [job.value.is_head for job in jobs] == [True, False, False]
     load_every_host(state, ["spark-1", "spark-2"])  # the next deploy file of the same run
-    assert calls == ["settings", "ssh", "lock", "preflight"]
+    assert calls == ["settings", "whole_clusters", "ssh", "lock", "preflight"]
     load_every_host(new_state(), ["spark-1"])  # another run starts afresh
-    assert calls[4:] == ["settings", "ssh", "lock"]
+    assert calls[5:] == ["settings", "whole_clusters", "ssh", "lock"]
 
 
 def test_an_error_of_the_run_level_work_stops_every_host(calls, monkeypatch):
@@ -80,3 +93,78 @@ def test_an_error_of_the_run_level_work_stops_every_host(calls, monkeypatch):
     jobs = load_every_host(new_state(), ["spark-1", "spark-2"])
     assert calls.count("lock") == 1
     assert all(isinstance(job.exception, run.lock.ConvergeLocked) for job in jobs)
+
+
+# --limit: whole clusters or none
+
+
+def test_in_run_is_the_inventory_narrowed_by_the_limit():
+    state, _ = load_inventory(PAIRS)
+    assert run.in_run(state) == {"spark-1", "spark-2", "spark-3", "spark-4"}
+    state, _ = load_inventory(PAIRS, ["spark-4", "spark-2"])
+    assert run.in_run(state) == {"spark-2", "spark-4"}
+
+
+@pytest.mark.parametrize("limit", [None, ["spark-1", "spark-2"], ["spark-4", "spark-3"]],
+                         ids=["everything", "pair_a", "pair_b"])
+def test_whole_clusters_pass_and_a_cluster_left_out_entirely_is_fine(limit):
+    state, settings = load_inventory(PAIRS, limit)
+    run.whole_clusters(state, settings)
+
+
+def test_a_limit_covering_part_of_a_cluster_is_refused_naming_the_hosts_to_add():
+    state, settings = load_inventory(PAIRS, ["spark-2"])
+    with pytest.raises(InventorySettingsError) as refused:
+        run.whole_clusters(state, settings)
+    assert str(refused.value) == (
+        "--limit leaves out spark-1 of cluster pair_a: a run converges whole clusters (the head streams the "
+        "image, reads the manifest and pins the mesh keys of every node); add them: --limit spark-1 --limit spark-2; "
+        "nothing was changed"
+    )
+
+
+def test_every_cluster_cut_is_named_and_the_limit_to_give_covers_them_all():
+    state, settings = load_inventory(PAIRS, ["spark-3", "spark-2"])
+    with pytest.raises(InventorySettingsError) as refused:
+        run.whole_clusters(state, settings)
+    message = str(refused.value)
+    assert message.startswith("--limit leaves out spark-1 of cluster pair_a and spark-4 of cluster pair_b: ")
+    assert message.endswith("; add them: --limit spark-1 --limit spark-2 --limit spark-3 --limit spark-4; nothing was changed")
+
+
+def test_run_start_refuses_a_partial_limit_before_touching_any_host(monkeypatch):
+    state, settings = load_inventory(PAIRS, ["spark-2"])
+    touched = []
+    monkeypatch.setattr(run, "_settings_of_run", lambda state: settings)
+    monkeypatch.setattr(run.ssh, "prompt_replies", lambda state: touched.append("ssh"))
+    monkeypatch.setattr(run.lock, "hold", lambda *args, **kwargs: touched.append("lock"))
+    monkeypatch.setattr(run.preflight, "run", lambda state, settings, in_run: touched.append("preflight"))
+    jobs = load_every_host(state, ["spark-2"], preflight_first=True)
+    assert isinstance(jobs[0].exception, InventorySettingsError)
+    assert "--limit leaves out spark-1 of cluster pair_a" in str(jobs[0].exception)
+    assert touched == []
+
+
+@pytest.mark.parametrize(("params", "names"), [
+    ({}, {"spark-1", "spark-2", "spark-3", "spark-4"}),
+    ({"limit": ("spark-2",)}, {"spark-2"}),
+    ({"limit": ("spark-[12]",), "exclude": ("spark-1",)}, {"spark-2"}),  # pyinfra's own patterns
+    ({"limit": ("no-such-host",)}, set()),  # pyinfra's CLI then says no host is left
+])
+def test_the_limit_is_read_while_the_inventory_loads(monkeypatch, params, names):
+    """Before any connection (a worker alone in a run may not even answer): the CLI's --limit,
+    matched as pyinfra matches it."""
+    state, _ = load_inventory(PAIRS)
+    monkeypatch.setattr(run, "cli_params", lambda: params)
+    assert run.limited(state.inventory) == names
+
+
+def test_validate_inventory_refuses_a_partial_limit_before_connecting(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.setattr(run, "cli_params", lambda: {"limit": ("spark-2",)})
+    before = ctx_state.get()
+    try:
+        with ctx_state.use(State()), pytest.raises(InventorySettingsError, match="--limit leaves out spark-1 of "):
+            run.validate_inventory(PAIRS)
+    finally:
+        ctx_state.set(before)  # pyinfra's ``use`` restores nothing when its body raises
