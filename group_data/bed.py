@@ -11,6 +11,8 @@ preflight_free_gb = 1
 # A liveness completion of the tiny model takes well under a second: a hung engine (a worker cut off
 # from the fabric) is told within 40 s (two failures), not the two minutes a Spark's default allows.
 lane_liveness_timeout = 20
+# A worker cut off from rank 0 stops itself after 30 s, not a Spark's 60: the bed's fault test stays short.
+lane_head_lost_timeout = 30
 # The eugr README's clock lock, as a site on Sparks that shut down under load sets it (the bed's
 # nvidia-smi stand-in keeps it until reset or reboot).
 gpu_clock_cap = "200,2150"

@@ -4,8 +4,3 @@ pair = [
     ("bluey", {"ssh_hostname": "bluey.local", "ssh_user": "nvidia", "rank": 0, "fabric_ip": "192.168.192.1"}),
     ("reddie", {"ssh_hostname": "reddie.local", "ssh_user": "reddie", "rank": 1, "fabric_ip": "192.168.192.2"}),
 ]
-
-# Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.run import validate_inventory  # noqa: E402
-
-validate_inventory(__file__)

@@ -7,8 +7,3 @@ from sparkbed.controller import sim_hosts
 
 sim = sim_hosts(2)
 bed = [name for name, _ in sim]  # group_data/bed.py: what every bed cluster shares
-
-# Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.run import validate_inventory  # noqa: E402
-
-validate_inventory(__file__)

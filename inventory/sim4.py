@@ -4,8 +4,3 @@ from sparkbed.controller import sim_hosts
 
 sim4 = sim_hosts(4)
 bed = [name for name, _ in sim4]  # group_data/bed.py: what every bed cluster shares
-
-# Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.run import validate_inventory  # noqa: E402
-
-validate_inventory(__file__)

@@ -10,8 +10,3 @@ _nodes = sim_hosts(4)
 pair_a = _nodes[:2]
 pair_b = [(name, {**data, "rank": data["rank"] - 2}) for name, data in _nodes[2:]]
 bed = [name for name, _ in _nodes]  # group_data/bed.py: what every bed cluster shares
-
-# Refuse bad settings now, before pyinfra connects to any host.
-from sparkinfra.run import validate_inventory  # noqa: E402
-
-validate_inventory(__file__)

@@ -43,13 +43,20 @@ def describe(holder_json: str) -> str:
     return f"{h.get('user')}@{h.get('controller')} pid {h.get('pid')} ({h.get('command')}) since {h.get('since')}"
 
 
+def command_line(argv: list[str]) -> str:
+    """What the holder record says of the run's command: ``pyinfra`` and its files (inventory,
+    deploys), never an option's value (``--data`` may carry anything, and the record is on a
+    node, in the holding shell's argv)."""
+    return "pyinfra " + " ".join(a for a in argv if a.endswith(".py") and not a.startswith("-"))[:200]
+
+
 def _holder() -> str:
     return json.dumps({
         "user": getpass.getuser(),
         "controller": socket.gethostname(),
         "pid": os.getpid(),
         "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "pyinfra " + " ".join(a for a in sys.argv[1:] if not a.startswith("-"))[:200],
+        "command": command_line(sys.argv[1:]),
     }, sort_keys=True)
 
 

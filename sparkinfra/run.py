@@ -1,9 +1,10 @@
 """
 The start of every deploy: once per pyinfra run, the inventory's settings are validated (lanes
 included), a ``--limit`` that covers part of a cluster is refused, SSH is tuned and the converge
-lock is taken on every head; then each host learns its cluster and role. Also the one loader of
-an inventory outside pyinfra's CLI (``load_files``: chat, the verify suite, tests) and the check
-inventory files run while pyinfra loads them.
+lock is taken on every head; then each host learns its cluster and role. Before that, the check
+before any connection (``check_command_line``, run by the project's ``config.py`` before pyinfra
+loads the inventory). Also the one loader of an inventory outside pyinfra's CLI (``load_files``:
+chat, the verify suite, tests).
 
 .. code:: python
 
@@ -15,6 +16,7 @@ inventory files run while pyinfra loads them.
 
 from __future__ import annotations
 
+import sys
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -22,23 +24,37 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import click
 from gevent.lock import Semaphore
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
+from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
 
 from . import lanes, lock, preflight, ssh
 from .facts.reading import unproxied
 from .settings import (
     Cluster,
-    InventorySettingsError,
     Node,
     Settings,
     SettingsError,
     display,
     load_settings,
 )
+
+
+class InventorySettingsError(CliError, PyinfraError):
+    """
+    A run refused before any host is touched (bad settings, a ``--limit`` that cuts a cluster).
+
+    A ``CliError``, so that pyinfra's CLI prints the message alone: a plain ``PyinfraError`` is
+    printed with the file and line it was raised from, which is sparkinfra's own and reads like a
+    crash in it. Also a ``PyinfraError``, so that pyinfra's file loader passes it on unwrapped.
+    """
+
+    def show(self, file=None) -> None:
+        logger.warning(f"--> {click.style('sparkinfra', 'red', bold=True)}: {self.message}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,10 @@ def start(preflight_first: bool = False) -> Here:
         record = _runs.setdefault(state, _Run())
         if record.error is None and record.settings is None:
             try:
-                settings = _settings_of_run(state)
+                try:
+                    settings = _settings_of_run(state)
+                except SettingsError as exc:  # not checked before connecting (no config.py): now
+                    raise InventorySettingsError(f"bad settings: {exc}") from None
                 whole_clusters(state, settings)  # before any host is touched
                 ssh.prompt_replies(state)  # no delayed-ACK wait on each command
                 lock.hold(state, state.inventory, settings, dry=bool(cli_params().get("dry")))  # one at a time
@@ -119,8 +138,8 @@ def whole_clusters(state, settings: Settings) -> None:
 def limited(inventory) -> set[str]:
     """
     Names of ``inventory``'s hosts that the running pyinfra command's ``--limit`` and ``--exclude``
-    keep, matched as pyinfra's CLI matches them (all of them outside the CLI), for the check while
-    the inventory loads, before any connection (``validate_inventory``).
+    keep, matched as pyinfra's CLI matches them (all of them outside the CLI), for the check
+    before any connection (``check_inventory``).
     """
     from pyinfra_cli.cli import _apply_inventory_exclude, _apply_inventory_limit
 
@@ -194,7 +213,9 @@ def parse_data(items) -> dict[str, Any]:
 
     data = {}
     for item in items:
-        key, _, value = item.partition("=")
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise SettingsError(f"--data, key '{key}': no value (--data takes key=value)")
         data[key] = parse_cli_arg(value)
     return data
 
@@ -202,7 +223,10 @@ def parse_data(items) -> dict[str, Any]:
 def _cli_override_data() -> dict[str, Any]:
     """``--data key=value`` of the running pyinfra command, parsed as pyinfra parses it."""
     params = cli_params()
-    data = parse_data(params.get("data") or ())
+    try:
+        data = parse_data(params.get("data") or ())
+    except SettingsError as exc:
+        raise InventorySettingsError(f"bad settings: {exc}") from None
     if params.get("ssh_user"):
         data["ssh_user"] = params["ssh_user"]
     return data
@@ -219,36 +243,87 @@ def _settings_of_run(state: State) -> Settings:
     return checked_settings(state.inventory, inventory_file, state.cwd, group_data)
 
 
+# Inventories being checked (their own validate_inventory, run by the check's load, waits) and
+# checked by this process's pyinfra command (pyinfra's own load of them need not check again).
 _validating: set[str] = set()
+_checked: set[str] = set()
+
+
+def check_command_line() -> Settings | None:
+    """
+    Check the settings of the inventory the running ``pyinfra`` command names, before pyinfra
+    loads it and so before any connection (``check_inventory``, with the command's ``--data``,
+    ``--group-data``, ``--limit``). The project's ``config.py`` calls this; outside a pyinfra
+    command it does nothing.
+
+    Why ``config.py``: pyinfra's CLI executes it (from the directory it runs in, or ``--config``)
+    after reading its options and before loading the inventory, for every command and every kind of
+    inventory. The other places run too late or not always: deploy files load after pyinfra has
+    connected; a line at the end of an inventory (``validate_inventory``) is not in an inventory
+    written without it; ``group_data/all.py`` runs while an inventory loads, but only for files
+    and host lists, sees the inventory half built, and is a data file sites rewrite. Here the
+    inventory is built with pyinfra's own ``make_inventory`` from the same options, so what is
+    checked is what pyinfra then connects to; an inventory that fails to import is told as its
+    file and line, before pyinfra would print a traceback.
+    """
+    params = cli_params()
+    target = params.get("inventory")
+    if not target:
+        return None
+    settings = check_inventory(target, _cli_override_data(), params.get("group_data") or ())
+    _checked.add(_known_as(target))
+    return settings
 
 
 def validate_inventory(inventory_file: str) -> Settings | None:
     """
-    Validate an inventory file's settings while pyinfra loads it, before any host connects.
-
-    Called at the end of each inventory file. Builds the inventory the way pyinfra's CLI
-    does (the file, ``group_data/``, ``--data``) and raises ``InventorySettingsError``
-    (a pyinfra error: printed without a traceback) on the first bad key, or naming the file
-    and line of a Python error in a ``group_data`` file.
+    Check an inventory file's settings while pyinfra loads it (the inventory's last line,
+    ``validate_inventory(__file__)``): ``check_inventory``, for a project run without its
+    ``config.py``. Once the command's own check has run, it has nothing to do.
     """
-    from pyinfra_cli.inventory import make_inventory_from_files
+    path = _known_as(inventory_file)
+    if path in _checked:
+        return None
+    return check_inventory(path, _cli_override_data(), cli_params().get("group_data") or ())
 
-    path = str(Path(inventory_file).resolve())
-    if path in _validating:  # the nested load below executes this file again
+
+def check_inventory(inventory: str, data: dict[str, Any] | None = None,
+                    group_data: list[str] | tuple[str, ...] = ()) -> Settings | None:
+    """
+    The check before connecting: ``inventory`` built as pyinfra's CLI builds it from the working
+    directory (``make_inventory``: a file, a host list, ``@local``, a ``module.function``), then
+    its settings checked (lanes included) and the command's ``--limit``.
+
+    + data: ``--data`` (parsed, as ``parse_data``); group_data: ``--group-data`` folders
+
+    Raises ``InventorySettingsError`` on the first bad key, or naming the file and line of a
+    Python error in the inventory or a ``group_data`` file. None while this inventory is being
+    checked already (its load executes it, and so its ``validate_inventory``, again).
+    """
+    from pyinfra_cli.inventory import make_inventory
+
+    path = _known_as(inventory)
+    is_file = Path(inventory).is_file()
+    if not is_file and inventory.endswith(".py"):
+        raise InventorySettingsError(
+            f"bad settings: inventory {inventory}: no such file in {Path.cwd()} (run pyinfra from the project root)"
+        )
+    if path in _validating:
         return None
     _validating.add(path)
     try:
         cwd = str(Path.cwd())
-        group_data = list(cli_params().get("group_data") or ())
         try:
-            inventory = make_inventory_from_files(path, _cli_override_data(), cwd, group_data)
-        except PyinfraError:
-            raise
+            loaded = make_inventory(inventory, override_data=data or {}, cwd=cwd,
+                                    group_data_directories=list(group_data))
+        except (PyinfraError, CliError):
+            raise  # pyinfra's own refusals (and ours) say what is wrong without a traceback
         except Exception as exc:  # a broken inventory or group_data file: say where, not how pyinfra got there
             raise InventorySettingsError(f"bad settings: {_load_error(exc, path)}") from None
-        settings = checked_settings(inventory, display(Path(path)), cwd, group_data)
+        shown = display(Path(inventory)) if is_file else inventory
+        settings = checked_settings(loaded, shown, cwd, group_data)
         # Before connecting: a worker left alone by --limit may not even answer (a new host key).
-        refuse_cut_clusters(list(inventory), limited(inventory), settings)
+        refuse_cut_clusters(list(loaded), limited(loaded), settings)
         return settings
     except SettingsError as exc:
         raise InventorySettingsError(f"bad settings: {exc}") from None
@@ -256,10 +331,13 @@ def validate_inventory(inventory_file: str) -> Settings | None:
         _validating.discard(path)
 
 
+def _known_as(inventory: str) -> str:
+    """How an inventory is known to the checks: a file by its full path, else as given."""
+    return str(Path(inventory).resolve()) if Path(inventory).is_file() else inventory
+
+
 def _load_error(exc: Exception, inventory_file: str) -> str:
     """``<file>, line <n>: <what>`` of an error raised while pyinfra reads an inventory or group_data file."""
-    from pyinfra_cli.exceptions import UnexpectedExternalError
-
     if isinstance(exc, SyntaxError):
         return f"{display(Path(exc.filename or inventory_file))}, line {exc.lineno}: Python syntax: {exc.msg}"
     filename, line = inventory_file, None
@@ -269,4 +347,7 @@ def _load_error(exc: Exception, inventory_file: str) -> str:
             if frame.f_code.co_filename == filename:
                 line = lineno
     where = f"{display(Path(filename))}, line {line}" if line else display(Path(filename))
-    return f"{where}: {type(exc).__name__}: {exc}"
+    said = f"{where}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, ImportError):
+        said += f" (pyinfra runs the file with {sys.executable}: install the module there, or correct the import)"
+    return said

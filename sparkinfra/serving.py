@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,16 +136,6 @@ def secret_env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.secret.env"
 
 
-def api_key(config) -> str:
-    """The API key from the controller's environment ('' when the settings name none)."""
-    return os.environ.get(config.api_key_env, "") if config.api_key_env else ""
-
-
-def _secret_tag(value: str) -> str:
-    """Stands for a secret in the digest: a changed key restarts the lane; the key itself is not there."""
-    return hashlib.sha256(f"sparkinfra-secret:{value}".encode()).hexdigest()[:12] if value else ""
-
-
 @dataclass(frozen=True)
 class RankPlan:
     """
@@ -167,7 +156,6 @@ class RankPlan:
     api_port: int
     served_model_name: str
     api_key_file: str  # the head's secret env file, when it serves with a key
-    api_key_tag: str  # stands for the key in the digest
     workers: tuple[tuple[str, int], ...]  # the head's: (fabric IP, rank) of each worker
     warmup: tuple[dict, ...]  # the head's: one request per workload shape
     liveness_interval: int  # seconds between the head's one-token completions
@@ -206,7 +194,6 @@ class RankPlan:
             "api_port": self.api_port,
             "served_model_name": self.served_model_name,
             "api_key_file": self.api_key_file,
-            "api_key_tag": self.api_key_tag,
             "workers": [{"ip": ip, "rank": rank} for ip, rank in self.workers],
             "warmup": list(self.warmup),
             "watch_interval": self.watch_interval,
@@ -338,7 +325,6 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             api_port=lane.api_port or config.api_port,
             served_model_name=lane.served_model_name or lane.model,
             api_key_file=secret_env_path(lane.name) if with_key else "",
-            api_key_tag=_secret_tag(api_key(config)) if is_head else "",
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
             liveness_interval=config.lane_liveness_interval,

@@ -3,8 +3,11 @@ The settings model: every key the deploys read, validated before any host is tou
 
 Settings come from pyinfra's own layering (``--data`` > inventory host data > group data
 > ``all``), one flat dict per host. ``HostSettings`` is the schema of that dict;
-``Cluster`` is the per-cluster view the deploys use, with the cross-host rules.
-An error names the file (or ``--data``) and the key it came from.
+``Cluster`` is the per-cluster view the deploys use, with the cross-host rules; ``Node`` holds
+the rules of how a node is reached (its name, SSH host and user). A value that goes into a shell
+command, a unit file, a path or an ssh_config is checked for where it goes (``*_problem``). An
+error names the file (or ``--data``), the key and the host, and says what is wrong in words:
+pydantic's are reworded (``in_words``), a bound says why (``WHY``), a typo gets the nearest key.
 
 Over 400 lines: every setting lives in this one model, each key with its description and rule
 (the README's settings table is checked against it), beside the loader that names the file of
@@ -14,25 +17,22 @@ each key; split, a new setting would touch two places.
 from __future__ import annotations
 
 import ast
+import difflib
+import re
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 # Keys pyinfra's SSH connector reads from host data (``ssh_user``, ``ssh_key`` ...).
-from pyinfra.api.exceptions import PyinfraError
 from pyinfra.connectors.ssh import connector_data_meta as _SSH_KEYS
 
 
 class SettingsError(Exception):
     """Bad settings: one message naming the file and the key."""
-
-
-class InventorySettingsError(PyinfraError):
-    """Bad settings found while pyinfra loads the inventory (no host contacted yet)."""
 
 
 def _rule(key: str, message: str, host: str | None = None, source: str | None = None) -> PydanticCustomError:
@@ -41,10 +41,232 @@ def _rule(key: str, message: str, host: str | None = None, source: str | None = 
     return PydanticCustomError("settings", message, {"key": key, "host": host or "", "source": source or key})
 
 
-# What several keys' values must look like.
+# What a value must look like where it goes
+# ------------------------------------------
+# Each rule says, in words, what is wrong with a value (None: nothing). Values are still quoted
+# where they are used; these rules keep out what quoting cannot make right (a path for a name, a
+# space in an ssh_config line, a name the kernel or docker refuses).
+
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # an environment variable's name
-CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # docker's rule for a container's name
-ABSOLUTE = r"^/"  # a path on the nodes
+SAFE = "letters, digits, '_', '.' and '-'"
+_SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _odd_character(value: str, allowed: re.Pattern[str]) -> str | None:
+    """The first character of ``value`` outside ``allowed`` (one-character matches), shown."""
+    for char in value:
+        if not allowed.fullmatch(char):
+            return "a space" if char == " " else f"{char!r}"
+    return None
+
+
+def name_problem(value: str, what: str, limit: int, goes: str) -> str | None:
+    """
+    A name that becomes a file or folder name, a unit name or a word of a command: ``SAFE``
+    characters, starting with a letter or digit, no ``..``, at most ``limit`` characters.
+
+    + what: the thing named (``a lane's name``); goes: where it goes, said in the refusal
+    """
+    if not value:
+        return f"{what} cannot be empty ({goes})"
+    if "/" in value:
+        return f"{value!r} is a path, not a name: {what} has no '/' ({goes})"
+    odd = _odd_character(value, _SAFE)
+    if odd:
+        return f"{value!r} holds {odd}: {what} takes {SAFE} ({goes})"
+    if not value[0].isalnum():
+        return f"{value!r} starts with {value[0]!r}: {what} starts with a letter or digit ({goes})"
+    if ".." in value:
+        return f"{value!r} holds '..': {what} is a name, not a path ({goes})"
+    if len(value) > limit:
+        return f"{value!r} is {len(value)} characters: {what} takes at most {limit} ({goes})"
+    return None
+
+
+def device_problem(value: str, what: str, limit: int, why_limit: str, goes: str) -> str | None:
+    """
+    A kernel device's name: Linux's rules (at most ``limit`` characters, no '/', ':' or
+    whitespace, not ``.`` or ``..``), then ``SAFE`` characters only.
+
+    + what: ``a network interface's name``; why_limit: the kernel's constant; goes: where it goes
+    """
+    if not value or value in (".", ".."):
+        return f"{value!r} cannot be {what}: Linux refuses an empty name, '.' and '..'"
+    if len(value) > limit:
+        return f"{value!r} is {len(value)} characters: Linux takes at most {limit} in {what} ({why_limit})"
+    for char in "/:":
+        if char in value:
+            return f"{value!r} holds {char!r}: Linux refuses it in {what}"
+    if any(char.isspace() for char in value):
+        return f"{value!r} holds whitespace: Linux refuses it in {what}"
+    odd = _odd_character(value, _SAFE)
+    if odd:
+        return f"{value!r} holds {odd}: {what} takes {SAFE} here ({goes})"
+    return None
+
+
+def interface_problem(value: str) -> str | None:
+    return device_problem(
+        value, "a network interface's name", 15, "IFNAMSIZ", "it goes into the fabric unit, netplan and ip commands"
+    )
+
+
+def rdma_device_problem(value: str) -> str | None:
+    return device_problem(
+        value, "an RDMA device's name", 63, "IB_DEVICE_NAME_MAX", "it names a folder of /sys/class/infiniband"
+    )
+
+
+def container_problem(value: str) -> str | None:
+    return name_problem(value, "a container's name", 128, "docker's rule: [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+
+
+def cluster_problem(value: str) -> str | None:
+    return name_problem(value, "a cluster's name", 64, "it names results folders and the mesh key")
+
+
+def lane_problem(value: str) -> str | None:
+    if not value:
+        return None
+    return name_problem(value, "a lane's name", 100, "it names the file lanes/<lane>.yaml")
+
+
+def host_name_problem(value: str) -> str | None:
+    return name_problem(value, "a node's name", 253, "it is the SSH host too, unless ssh_hostname is set")
+
+
+def ssh_user_problem(value: str) -> str | None:
+    """A login name as ssh_config's ``User`` line and ``authorized_keys`` take it."""
+    goes = "it goes into ssh_config's User line and the worker's authorized_keys"
+    if not value:
+        return f"a login name cannot be empty ({goes})"
+    odd = _odd_character(value, _SAFE)
+    if odd:
+        return f"{value!r} holds {odd}: a login name takes {SAFE} ({goes})"
+    if value[0] in "-.":
+        return f"{value!r} starts with {value[0]!r}: a login name starts with a letter, digit or '_' ({goes})"
+    if len(value) > 32:
+        return f"{value!r} is {len(value)} characters: Linux login names take at most 32"
+    return None
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?")
+
+
+def ssh_host_problem(value: str) -> str | None:
+    """An IPv4 address or a DNS name (or an ssh_config alias of the same shape)."""
+    said = f"{value!r} is neither an IPv4 address nor a DNS name"
+    if not value or len(value) > 253:
+        return said
+    labels = value.rstrip(".").split(".")
+    if all(label.isdigit() for label in labels):
+        try:
+            IPv4Address(value)
+        except ValueError:
+            return f"{value!r} is not an IPv4 address"
+        return None
+    bad = next((label for label in labels if len(label) > 63 or not _LABEL.fullmatch(label)), None)
+    if bad is not None:
+        part = f": {bad!r} is not a DNS label" if bad != value else ""
+        return f"{said}{part} (letters, digits, '-' and '_', not starting or ending with '-', at most 63)"
+    return None
+
+
+_HUB_PART = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def model_id_problem(value: str) -> str | None:
+    """A Hub repository id, ``owner/name``, as the Hub allows it (huggingface_hub's rules)."""
+    if not value:
+        return None
+    if value.count("/") != 1:
+        return f"{value!r} is not a Hub repository id: owner/name, one '/'"
+    for part in value.split("/"):
+        if not _HUB_PART.fullmatch(part) or len(part) > 96 or "--" in part or ".." in part:
+            return (
+                f"{value!r}: {part!r} is not a Hub name ({SAFE}, at most 96, not starting or ending with "
+                "'-' or '.', no '--' or '..')"
+            )
+    if value.endswith(".git"):
+        return f"{value!r} ends with '.git': the Hub refuses it"
+    return None
+
+
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
+
+
+def revision_problem(value: str) -> str | None:
+    """A commit, branch or tag of a Hub repository (a git ref's name)."""
+    tidy = ".." not in value and "//" not in value and not value.endswith(("/", ".lock"))
+    if _REVISION.fullmatch(value) and tidy:
+        return None
+    return (
+        f"{value!r} is not a revision: a commit (40 hex), branch or tag of letters, digits and '/', '_', '.', '-', "
+        "starting with a letter or digit, no '..' (it names a folder of the HF cache)"
+    )
+
+
+# docker's image reference grammar (distribution/reference): [domain[:port]/]path[:tag][@digest]
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL_OF_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_LABEL_OF_DOMAIN}(?:\.{_LABEL_OF_DOMAIN})*(?::[0-9]+)?"
+_IMAGE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+
+
+def image_problem(value: str) -> str | None:
+    if _IMAGE.fullmatch(value):
+        return None
+    return (
+        f"{value!r} is not an image reference docker takes: [registry/]name[:tag][@sha256:digest], "
+        "the name in lowercase letters, digits and '.', '_', '-' separators"
+    )
+
+
+_PATH = re.compile(r"[A-Za-z0-9_.+@/-]")
+
+
+def node_path_problem(value: str) -> str | None:
+    """A path on the nodes, as docker's ``-v``, ``LD_PRELOAD`` and shell commands take it."""
+    goes = "it goes into docker's -v, LD_PRELOAD and commands, where ':', ',' and spaces separate"
+    if not value.startswith("/"):
+        return f"{value!r} is not an absolute path (a path on the nodes starts with '/')"
+    odd = _odd_character(value, _PATH)
+    if odd:
+        said = "a path on the nodes takes letters, digits and '/', '_', '.', '-', '+', '@'"
+        return f"{value!r} holds {odd}: {said} ({goes})"
+    if ".." in value.split("/"):
+        return f"{value!r} holds '..': give the folder itself"
+    return None
+
+
+def tarball_problem(value: str) -> str | None:
+    return node_path_problem(value) if value else None
+
+
+def env_value_problem(value: str) -> str | None:
+    """A value of an env file line (docker's ``--env-file``, systemd's ``EnvironmentFile=``)."""
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        return f"{value!r} holds a control character (a line break?): an env file holds one variable a line"
+    return None
+
+
+def _checked(problem: Callable[[str], str | None]) -> AfterValidator:
+    """A str field's rule: ``problem(value)`` says what is wrong, in words."""
+
+    def check(value: str) -> str:
+        said = problem(value)
+        if said:
+            raise PydanticCustomError("settings", said)
+        return value
+
+    return AfterValidator(check)
+
+
+EnvName = Annotated[str, Field(pattern=f"^{ENV_NAME}$")]
+EnvValue = Annotated[str, _checked(env_value_problem)]
 
 # The field reports' NCCL environment (seed 004); per-node values are added by prepare.
 DEFAULT_NCCL_ENV = {
@@ -73,17 +295,19 @@ class HostSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
     # Identity of the node in its cluster
-    cluster: str = Field("spark", description="Cluster the node belongs to (one head per cluster).")
+    cluster: Annotated[str, _checked(cluster_problem)] = Field(
+        "spark", description="Cluster the node belongs to (one head per cluster)."
+    )
     rank: int = Field(ge=0, description="Node rank: 0 is the head (serves the API), >0 are workers.")
     fabric_ip: IPv4Address = Field(description="The node's static address on the RoCE fabric.")
 
     # The fabric (the same on every node of a cluster)
-    fabric_interface: str = Field(
-        "enp1s0f0np0", pattern=r"^[^\s/:]{1,15}$", description="Ethernet side of the ConnectX-7 port."
+    fabric_interface: Annotated[str, _checked(interface_problem)] = Field(
+        "enp1s0f0np0", description="Ethernet side of the ConnectX-7 port."
     )
     fabric_subnet: IPv4Network = Field(description="Fabric subnet; every fabric_ip lies in it.")
     fabric_mtu: int = Field(4200, ge=1280, le=9216, description="MTU of the fabric interface.")
-    rdma_devices: list[str] = Field(
+    rdma_devices: list[Annotated[str, _checked(rdma_device_problem)]] = Field(
         ["rocep1s0f0", "roceP2p1s0f0"], min_length=1, description="RDMA devices on the fabric port."
     )
     rdma_port: int = Field(1, ge=1, description="Port of the RDMA devices.")
@@ -104,33 +328,33 @@ class HostSettings(BaseModel):
     )
 
     # NCCL (deploys/prepare.py renders it to /etc/sparkinfra/nccl.env on every node)
-    nccl_env: dict[str, str] = Field(
+    nccl_env: dict[EnvName, EnvValue] = Field(
         default_factory=lambda: dict(DEFAULT_NCCL_ENV),
         description="NCCL/transport variables for every lane; per-node ones (GID index, HCAs, "
         "interfaces, pin) are added.",
     )
-    nccl_env_overrides: dict[str, str | None] = Field(
+    nccl_env_overrides: dict[EnvName, EnvValue | None] = Field(
         default_factory=dict,
         description="Site changes on top of everything rendered: a value replaces, null removes.",
     )
     nccl_version: str = Field(
         "2.30.7", pattern=r"^\d+\.\d+\.\d+$", description="NCCL version every node must load."
     )
-    nccl_library: str = Field(
-        "/opt/nccl/lib/libnccl.so.2", pattern=ABSOLUTE,
+    nccl_library: Annotated[str, _checked(node_path_problem)] = Field(
+        "/opt/nccl/lib/libnccl.so.2",
         description="The pinned libnccl.so.2 on each node (mounted at the same path into lanes).",
     )
     nccl_library_upload: str = Field(
         "", description="Controller file placed at nccl_library on every node; empty: already there."
     )
 
-    container_name: str = Field(
-        "vllm_node", pattern=CONTAINER_NAME, description="Name of a lane's container on every node (stale ones are removed)."
+    container_name: Annotated[str, _checked(container_problem)] = Field(
+        "vllm_node", description="Name of a lane's container on every node (stale ones are removed)."
     )
 
     # Preflight (deploys/preflight.py)
-    model_dir: str = Field(
-        "/var/lib/sparkinfra/hf", pattern=ABSOLUTE, description="Where model snapshots live on every node."
+    model_dir: Annotated[str, _checked(node_path_problem)] = Field(
+        "/var/lib/sparkinfra/hf", description="Where model snapshots live on every node."
     )
     preflight_free_gb: float = Field(
         240, ge=0, description="Free disk needed under model_dir (the staged models' size)."
@@ -141,7 +365,7 @@ class HostSettings(BaseModel):
     )
 
     # Staging (deploys/stage.py)
-    image: str = Field(
+    image: Annotated[str, _checked(image_problem)] = Field(
         "vllm-node:latest", description="The site's base image on the head (model downloads run in it); the image "
         "of a lane that names none. Pin it by digest (name@sha256:...) and the head pulls it.",
     )
@@ -152,11 +376,19 @@ class HostSettings(BaseModel):
         "", description="Command run on the head to make `image` when it is missing (a site without a registry); "
         "a lane's own image is built from its recipe (images/NAME).",
     )
-    image_tarball: str = Field("", description="docker-save tarball on the head, loaded when missing.")
-    model: str = Field("", description="Target model repository id.")
-    model_revision: str = Field("main", description="Pinned revision (commit) of the target model.")
-    drafter: str = Field("", description="Drafter model repository id; empty: none.")
-    drafter_revision: str = Field("main", description="Pinned revision (commit) of the drafter.")
+    image_tarball: Annotated[str, _checked(tarball_problem)] = Field(
+        "", description="docker-save tarball on the head, loaded when missing."
+    )
+    model: Annotated[str, _checked(model_id_problem)] = Field("", description="Target model repository id.")
+    model_revision: Annotated[str, _checked(revision_problem)] = Field(
+        "main", description="Pinned revision (commit) of the target model."
+    )
+    drafter: Annotated[str, _checked(model_id_problem)] = Field(
+        "", description="Drafter model repository id; empty: none."
+    )
+    drafter_revision: Annotated[str, _checked(revision_problem)] = Field(
+        "main", description="Pinned revision (commit) of the drafter."
+    )
     allow_branch_revisions: bool = Field(
         False, description="Let a served lane's model_revision/drafter_revision name a branch or tag (main): "
         "two stages a week apart may then serve different weights. Off: commits (40 hex) only.",
@@ -165,7 +397,9 @@ class HostSettings(BaseModel):
         "HF_TOKEN", pattern=f"^{ENV_NAME}$", description="Controller environment variable holding the Hugging Face token."
     )
     hf_endpoint: str = Field(
-        "", pattern=r"^(https?://\S+)?$", description="Hub the head downloads from (HF_ENDPOINT, e.g. a mirror); empty: huggingface.co."
+        "", pattern=r"^(https?://[^\s/@]+(/\S*)?)?$", description="Hub the head downloads from (HF_ENDPOINT, e.g. a "
+        "mirror), without credentials (`user:password@` would reach a command line: a token goes in `hf_token_env`); "
+        "empty: huggingface.co."
     )
     stage_verify: Literal["size", "deep"] = Field(
         "size", description="How workers are compared to the manifest: sizes, or sha256 of every file."
@@ -178,11 +412,13 @@ class HostSettings(BaseModel):
         "", pattern=f"^({ENV_NAME})?$",
         description="Controller environment variable holding the API key the head serves with; empty: no key.",
     )
-    lane: str = Field("", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none.")
+    lane: Annotated[str, _checked(lane_problem)] = Field(
+        "", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none."
+    )
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="This cluster's GMU for every lane; empty: the lane's own value."
     )
-    lane_env: dict[Annotated[str, Field(pattern=f"^{ENV_NAME}$")], str] = Field(
+    lane_env: dict[EnvName, EnvValue] = Field(
         {}, description="Environment of every lane on this cluster, over the lane's own env (e.g. a tuned "
         "VLLM_CPU_KVCACHE_SPACE)."
     )
@@ -296,15 +532,44 @@ class HostSettings(BaseModel):
 # Keys every node of a cluster must agree on: all but the node's own.
 CLUSTER_KEYS = tuple(k for k in HostSettings.model_fields if k not in ("cluster", "rank", "fabric_ip"))
 
+# Why a key's bounds are where they are, said when a value is outside them (obvious ones left out);
+# by bound (ge, gt, le, lt, min_length) where the two ends have different reasons.
+WHY: dict[str, str | dict[str, str]] = {
+    "rank": "0 is the head, workers count up from 1",
+    "fabric_mtu": {
+        "ge": "1280 is IPv6's minimum link MTU",
+        "le": "9216 is the largest jumbo frame Ethernet switches commonly carry",
+    },
+    "rdma_devices": "NCCL needs an HCA on the fabric port",
+    "rdma_port": "an HCA numbers its ports from 1",
+    "api_port": "a TCP port is 1..65535",
+    "master_port": "a TCP port is 1..65535",
+    "stage_port": "a TCP port is 1..65535",
+    "stage_streams": "each stream is an rsync process on the head and on the worker",
+    "gpu_memory_utilization": "the fraction of the GPU's memory vLLM may take",
+    "lane_ready_timeout": "a start loads the model's weights: under 10 s is never enough",
+    "lane_liveness_interval": "each check is a completion on the head's API",
+    "lane_liveness_timeout": "a one-token completion on a busy engine takes seconds",
+    "lane_head_lost_timeout": "shorter, a worker would stop over a brief pause of rank 0",
+    "bench_probes": "each probe decodes bench_max_tokens tokens, one stream at a time",
+    "tune_max_starts": "each start loads the weights (minutes on a Spark)",
+}
+
 
 class Node(BaseModel):
+    """One node of a cluster: its name in the inventory, how pyinfra reaches it, its place."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    ssh_host: str
-    ssh_user: str
+    name: Annotated[str, _checked(host_name_problem)]
+    ssh_host: Annotated[str, _checked(ssh_host_problem)]
+    ssh_user: Annotated[str, _checked(ssh_user_problem)]
     rank: int
     fabric_ip: IPv4Address
+
+
+# The host data key each of Node's connection fields comes from ("": the host's own name).
+NODE_KEYS = {"name": "", "ssh_host": "ssh_hostname", "ssh_user": "ssh_user"}
 
 
 class Fabric(BaseModel):
@@ -473,18 +738,94 @@ def _error(source: str, key: str, host: str, message: str) -> SettingsError:
     return SettingsError(f"{where}{who}: {message}")
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str, str]:
-    err = exc.errors()[0]
+# pydantic's errors, in the tool's words ({name}: from the error's context).
+SAID = {
+    "missing": "required key is missing",
+    "int_parsing": "must be a whole number",
+    "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
+    "string_type": "must be text (a quoted string)",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping (a dict)",
+    "literal_error": "must be {expected}",
+    "greater_than_equal": "must be {ge} or more",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be {le} or less",
+    "less_than": "must be less than {lt}",
+    "too_short": "must hold at least {min_length} item(s)",
+    "too_long": "must hold at most {max_length} item(s)",
+    "ip_v4_address": "must be an IPv4 address (four numbers 0-255)",
+    "ip_v4_network": "must be an IPv4 network: address/prefix, the prefix 0..32, no host bits set (10.0.0.0/24)",
+}
+# What a key with a pattern must look like (others say it with their rule, or their description).
+FORM = {
+    "nccl_version": "x.y.z, as NCCL reports it (2.30.7)",
+    "image_id": "sha256: and 64 hex digits, as docker reports an image ID, or empty",
+    "gpu_clock_cap": "MIN,MAX in MHz, as nvidia-smi -lgc takes it (200,2150), or empty",
+    "hf_token_env": "an environment variable's name (letters, digits and '_', not starting with a digit)",
+    "api_key_env": "an environment variable's name (letters, digits and '_', not starting with a digit), or empty",
+    "hf_endpoint": "an http(s) URL without user:password@ (a token goes in hf_token_env), or empty",
+}
+ENV_NAME_FORM = "an environment variable's name (letters, digits and '_', not starting with a digit)"
+
+
+def _within(loc: tuple) -> str:
+    """Where inside a key's value an error is: ``item 2: ``, ``'NCCL_X': ``, ``name 'X-Y': ``."""
+    rest = loc[1:]
+    if not rest:
+        return ""
+    if rest[-1] == "[key]":
+        return f"name {rest[0]!r}: "
+    if isinstance(rest[0], int):
+        return f"item {rest[0] + 1}: "
+    return f"{rest[0]!r}: "
+
+
+def unknown_key(key: str) -> str:
+    """The refusal of an unknown key, with the nearest known one (a typo)."""
+    near = difflib.get_close_matches(key, [*HostSettings.model_fields, *_SSH_KEYS], n=1, cutoff=0.75)
+    if near:
+        return f"unknown key — did you mean '{near[0]}'?"
+    return "unknown key: neither a setting (README: Settings) nor one of pyinfra's ssh_* keys"
+
+
+# Settings whose refused value is not repeated in the message: it may hold a credential.
+UNECHOED = frozenset({"hf_endpoint"})
+
+
+def in_words(err: dict) -> tuple[str, str, str]:
+    """(key, host, what is wrong) of one pydantic error of the settings' models, said for a person."""
     ctx = err.get("ctx") or {}
-    key = ctx.get("key") or ".".join(str(p) for p in err["loc"][:1])
-    message = err["msg"]
-    if err["type"] == "extra_forbidden":
-        message = "unknown key"
-    elif err["type"] == "missing":
-        message = "required key is missing"
-    elif "input" in err and err["type"] != "settings":
-        message = f"{message} (got {err['input']!r})"
-    return key, ctx.get("host", ""), message
+    key = ctx.get("key") or (str(err["loc"][0]) if err["loc"] else "")
+    kind = err["type"]
+    if kind == "settings":  # a rule of ours: already in words
+        return key, ctx.get("host", ""), _within(err["loc"]) + err["msg"]
+    if kind == "extra_forbidden":
+        return key, "", unknown_key(key)
+    if kind == "missing":
+        return key, "", SAID[kind]
+    if kind == "string_pattern_mismatch":
+        form = ENV_NAME_FORM if len(err["loc"]) > 1 else FORM.get(key)
+        field = HostSettings.model_fields.get(key)
+        said = f"must be {form}" if form else f"does not fit: {field.description if field else ctx['pattern']}"
+    elif kind in SAID:
+        said = SAID[kind].format(**ctx)
+    else:  # a kind no setting has met yet: pydantic's own words
+        said = err["msg"]
+    got = "" if key in UNECHOED else f" (got {err['input']!r})"
+    said = f"{_within(err['loc'])}{said}{got}"
+    bound = next((name for name in ("ge", "gt", "le", "lt", "min_length") if name in ctx), None)
+    why = WHY.get(key) if bound else None
+    why = why.get(bound) if isinstance(why, dict) else why
+    return key, "", f"{said}: {why}" if why else said
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str, str]:
+    return in_words(exc.errors()[0])
 
 
 def load_settings(
@@ -516,8 +857,20 @@ def load_settings(
     hosts = list(inventory)
     if not hosts:
         raise SettingsError(
-            f"{sources.inventory_file}: no hosts (a group of (name, data) tuples, as in inventory/pair.py)"
+            f"inventory {sources.inventory_file} has no hosts: give a group of (name, data) tuples, "
+            "as inventory/pair.py does"
         )
+    seen: dict[str, str] = {}
+    for host in hosts:
+        said = host_name_problem(host.name)
+        if not said and host.name.lower() in seen:
+            said = (
+                f"its name differs from {seen[host.name.lower()]}'s only in case: SSH, DNS and the "
+                "cluster's files would take them for one node"
+            )
+        if said:
+            raise _error(sources.inventory_file, "", host.name, said)
+        seen[host.name.lower()] = host.name
     per_host: dict[str, HostSettings] = {}
     connection: dict[str, tuple[str, str]] = {}
     for host in hosts:
@@ -555,16 +908,21 @@ def load_settings(
                         f"{getattr(per_host[other.name], key)!r} on {other.name}: every node of "
                         f"cluster {name} must agree",
                     )
-        nodes = [
-            Node(
-                name=host.name,
-                ssh_host=connection[host.name][0],
-                ssh_user=connection[host.name][1],
-                rank=per_host[host.name].rank,
-                fabric_ip=per_host[host.name].fabric_ip,
-            )
-            for host in members
-        ]
+        nodes = []
+        for host in members:
+            try:
+                nodes.append(Node(
+                    name=host.name,
+                    ssh_host=connection[host.name][0],
+                    ssh_user=connection[host.name][1],
+                    rank=per_host[host.name].rank,
+                    fabric_ip=per_host[host.name].fabric_ip,
+                ))
+            except ValidationError as exc:
+                field, _, message = _first_error(exc)
+                key = NODE_KEYS.get(field, field)
+                source = sources.of(host, key) if key else sources.inventory_file
+                raise _error(source, key, host.name, message) from None
         try:
             clusters[name] = Cluster(
                 name=name,

@@ -111,7 +111,7 @@ def import_eugr(path: str | Path) -> Lane:
     """
     path = Path(path)
     source = display(path)
-    recipe, lines = read_yaml(path, source)
+    recipe, lines = read_yaml(path, source, holds="an eugr recipe holds one mapping (name, container, command...)")
 
     def refuse(key: str, message: str):
         raise LaneError(f"{locate(source, key, line_of(lines, tuple(key.split('.'))))}: {message}")

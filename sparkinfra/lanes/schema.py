@@ -2,14 +2,17 @@
 The lane schema and loader: ``lanes/<name>.yaml`` as validated data, every error naming the file,
 the key and the line.
 
-Over 400 lines: the schema's rules and the YAML line tracker that places their errors belong
-together; an error without its line sends the user hunting.
+Over 400 lines: the schema's rules, the YAML line tracker that places their errors and the reader
+that bounds every YAML file the user gives (``read_yaml``: size, depth, count, no aliases or tags)
+belong together; an error without its line sends the user hunting.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -326,13 +329,108 @@ def key_text(path: tuple) -> str:
     return out
 
 
+# Reading YAML within limits
+# --------------------------
+#
+# Every YAML file sparkinfra reads from the user (lanes, image recipes, eugr recipes) goes through
+# ``read_yaml``: one parse, bounded while it composes, before anything is built from it. The limits
+# are far above any real file (the shipped lanes: < 4 KiB, 160 values, 5 levels) and far below what
+# hurts the controller: a deep file no longer exhausts Python's stack (RecursionError), and aliases,
+# which let a 3 KB file stand for billions of values ("billion laughs"), are not read at all.
+
+MAX_BYTES = 256 * 1024
+MAX_DEPTH = 32
+MAX_VALUES = 10_000
+MAX_NUMBER = 64  # characters of an int or float; Python refuses ints of over 4,300 digits, slowly
+PLAIN_TAGS = {"!"} | {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A limit of ``_Reader``: its message is the tool's own (no "YAML syntax:")."""
+
+    def __init__(self, message: str, mark: yaml.Mark | None):
+        super().__init__(problem=message, problem_mark=mark)
+
+
+class _Reader(yaml.SafeLoader):
+    """The safe loader, refusing while it composes: nesting deeper than ``MAX_DEPTH``, more than
+    ``MAX_VALUES`` values, anchors and aliases, tags other than the plain ones, a second document,
+    and numbers longer than ``MAX_NUMBER`` characters."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.depth = 0
+        self.values = 0
+
+    def get_single_node(self):
+        self.get_event()  # stream start
+        node = None
+        if not self.check_event(yaml.StreamEndEvent):
+            node = self.compose_document()
+        if not self.check_event(yaml.StreamEndEvent):
+            raise _Refused("a second YAML document (after ---); the file holds one", self.peek_event().start_mark)
+        return node
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(
+                f"YAML alias *{event.anchor}: anchors and aliases are not read (write each value out)",
+                event.start_mark,
+            )
+        if event.anchor is not None:
+            raise _Refused(
+                f"YAML anchor &{event.anchor}: anchors and aliases are not read (write each value out)",
+                event.start_mark,
+            )
+        if event.tag not in (None, *PLAIN_TAGS):
+            tag = event.tag.replace("tag:yaml.org,2002:", "!!")
+            raise _Refused(
+                f"YAML tag {tag} is not read (plain values only: text, numbers, true/false, lists, mappings)",
+                event.start_mark,
+            )
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise _Refused(f"more than {MAX_VALUES:,} keys and values (a lane holds a few hundred)", event.start_mark)
+        nested = isinstance(event, yaml.CollectionStartEvent)
+        if nested and self.depth == MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        self.depth += nested
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= nested
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # e.g. a date 2024-13-01
+            shown = repr(node.value)[:60] if isinstance(node, yaml.ScalarNode) else "the value"
+            kind = node.tag.rpartition(":")[2]
+            raise _Refused(f"{shown} is not a valid {kind} ({exc})", node.start_mark) from None
+
+    def construct_number(self, node):
+        if len(node.value) > MAX_NUMBER:
+            raise _Refused(f"a number of {len(node.value):,} characters (at most {MAX_NUMBER})", node.start_mark)
+        kind = "int" if node.tag.endswith(":int") else "float"
+        return getattr(yaml.SafeLoader, f"construct_yaml_{kind}")(self, node)
+
+
+_Reader.add_constructor("tag:yaml.org,2002:int", _Reader.construct_number)
+_Reader.add_constructor("tag:yaml.org,2002:float", _Reader.construct_number)
+_Reader.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_yaml_str)  # a plain "=": text
+
+
 def _lines(node: yaml.Node, source: str, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Line of every key and list item of a composed YAML document, by key path; refuses duplicate keys."""
+    """Line of every key and list item of a composed YAML document, by key path; refuses duplicate keys
+    and keys that are not plain values."""
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            key = (*path, key_node.value)
             line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise LaneError(f"{locate(source, key_text(path), line)}: a key is a name, not a list or a mapping")
+            key = (*path, key_node.value)
             if key in out:
                 raise LaneError(f"{locate(source, key_text(key), line)}: key given twice (also line {out[key]})")
             out[key] = line
@@ -344,28 +442,63 @@ def _lines(node: yaml.Node, source: str, path: tuple = (), out: dict | None = No
     return out
 
 
-def read_yaml(
-    path: Path, source: str, holds: str = "a lane file holds one mapping (name, model, nodes...)"
-) -> tuple[Any, dict[tuple, int]]:
+def _read_text(path: Path, source: str) -> str:
+    """The file's text: a regular file of at most ``MAX_BYTES``, UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block, /dev/zero never end
+            raise LaneError(f"{source}: not a regular file")
+        with open(path, "rb") as file:
+            raw = file.read(MAX_BYTES + 1)
+            size = os.fstat(file.fileno()).st_size
     except OSError as exc:
         raise LaneError(f"{source}: cannot read ({exc.strerror})") from None
+    if len(raw) > MAX_BYTES:
+        raise LaneError(
+            f"{source}: {max(size, len(raw)) / 1024:,.0f} KiB, over the {MAX_BYTES // 1024} KiB limit "
+            "(lanes and recipes are a few KiB)"
+        )
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise LaneError(f"{locate(source, line=1)}: UTF-16 text; save it as UTF-8")
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = exc.object[: exc.start].count(b"\n") + 1
         raise LaneError(f"{locate(source, line=line)}: not UTF-8 text ({exc.reason})") from None
+
+
+def read_yaml(
+    path: Path, source: str, holds: str = "a lane file holds one mapping (name, model, nodes...)"
+) -> tuple[Any, dict[tuple, int]]:
+    """
+    (data, line of every key and list item) of one YAML file the user wrote, read within limits
+    (``MAX_BYTES``, ``MAX_DEPTH``, ``MAX_VALUES``, no aliases, no tags): the one reader of lanes, image
+    recipes and eugr recipes. Raises ``LaneError`` naming ``source`` and the line, never a YAML or
+    Python error.
+    """
+    text = _read_text(path, source)
+    reader = None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        reader = _Reader(text)  # checks the characters first
+        node = reader.get_single_node()
+        if node is None:
+            raise LaneError(f"{locate(source, line=1)}: empty; {holds}")
+        lines = _lines(node, source)
+        data = reader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        raise LaneError(f"{locate(source, line=line)}: YAML syntax: {exc.problem or exc.context}") from None
+        where = locate(source, line=mark.line + 1 if mark else None)
+        syntax = "" if isinstance(exc, _Refused) else "YAML syntax: "
+        raise LaneError(f"{where}: {syntax}{exc.problem or exc.context}") from None
+    except yaml.reader.ReaderError as exc:
+        where = locate(source, line=text[: exc.position].count("\n") + 1)
+        raise LaneError(f"{where}: control character #x{exc.character:04x} (is this a text file?)") from None
     except yaml.YAMLError as exc:
         raise LaneError(f"{source}: YAML syntax: {exc}") from None
-    lines = _lines(node, source) if node is not None else {}
+    finally:
+        if reader is not None:
+            reader.dispose()
     if not isinstance(data, dict):
-        raise LaneError(f"{source}: {holds}")
+        raise LaneError(f"{locate(source, line=node.start_mark.line + 1)}: {holds}")
     return data, lines
 
 

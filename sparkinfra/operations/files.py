@@ -5,7 +5,6 @@ one fact, uploaded only when it differs.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shlex
@@ -22,7 +21,7 @@ from pyinfra.api import (
 )
 from pyinfra.api.state import StateStage
 from pyinfra.api.util import get_file_sha1, get_template
-from pyinfra.facts.files import Block, File, FileContents, Sha256File
+from pyinfra.facts.files import Block, File, FileContents
 from pyinfra.operations import files
 from pyinfra.operations.util.files import chmod, chown, generate_color_diff
 
@@ -86,14 +85,26 @@ def file_content(path: str, content: str | None = None, src: str | None = None,
             yield chmod(path, mode)
         host.noop(f"{path} holds the wanted content")
         return
+    private = int(mode, 8) & 0o077 == 0
     if context.state.config.DIFF and src is None:
-        before = (host.get_fact(FileContents, path=path) or []) if now["kind"] == "file" else []
         host.log(f"Will {'modify' if now['kind'] == 'file' else 'create'} {path}", logger.info)
-        for line in generate_color_diff([line + "\n" for line in before], content.splitlines(keepends=True)):
-            logger.info("  %s", line)
+        if private:  # root-only: what it holds may be secret
+            logger.info("  (a root-only file: its lines are not shown)")
+        else:
+            before = (host.get_fact(FileContents, path=path) or []) if now["kind"] == "file" else []
+            for line in generate_color_diff([line + "\n" for line in before], content.splitlines(keepends=True)):
+                logger.info("  %s", line)
         logger.info("")
     if not now["parent"]:
         yield StringCommand("mkdir", "-p", QuoteString(os.path.dirname(path)))
+    if private:
+        data = Path(src).read_bytes() if src is not None else content.encode()
+
+        def upload(state, host):
+            return put_private(host, data, path, mode, user, group)
+
+        yield FunctionCommand(upload, (), {})
+        return
     source = src if src is not None else io.StringIO(content)
     yield FileUploadCommand(source, path, remote_temp_filename=host.get_temp_filename(path))
     yield chown(path, user, group)
@@ -129,20 +140,50 @@ def text_block(path: str, marker: str, content: str = "", present: bool = True):
 # -------
 
 
-def put_secret(host, content: str, path: str) -> bool:
+def put_private(host, content: str | bytes, path: str, mode: str = "600", user: str = "root",
+                group: str = "root") -> bool:
     """
-    Upload a secret into a root-only 0600 file. pyinfra's sudo upload passes through a temp file
-    the SSH user writes (``/tmp`` by default, readable by others): here that file is in a folder
-    only the SSH user can enter (``mktemp -d``), and the destination is 0600 root before the copy.
+    Upload ``content`` into ``path`` so that no one but its owner can read it at any moment:
+    pyinfra's sudo upload passes through a temp file the SSH user writes (``/tmp`` by default,
+    readable by others); here that file is in a folder only the SSH user can enter (``mktemp -d``),
+    and the destination has its owner and mode before the copy fills it.
     """
     q = QuoteString(path)
-    host.run_shell_command(StringCommand("install", "-m", "600", "-o", "root", "-g", "root", "/dev/null", q), _sudo=True)
+    made = StringCommand("install", "-m", mode, "-o", user, "-g", group, "/dev/null", q)
+    if not host.run_shell_command(made, _sudo=True)[0]:
+        return False
+    ok, output = host.run_shell_command(StringCommand("mktemp", "-d"), _sudo=False)
+    private = output.stdout.strip() if ok else ""
+    if not private.startswith("/"):
+        return False
+    data = io.BytesIO(content) if isinstance(content, bytes) else io.StringIO(content)
+    try:
+        return host.put_file(data, path, remote_temp_filename=f"{private}/upload", _sudo=True)
+    finally:
+        host.run_shell_command(StringCommand("rm", "-rf", QuoteString(private)), _sudo=False)
+
+
+def put_secret(host, content: str, path: str) -> bool:
+    """Upload a secret into a root-only 0600 file (``put_private``)."""
+    return put_private(host, content, path)
+
+
+def same_on_node(host, content: str, path: str) -> bool:
+    """
+    Whether ``path`` holds ``content``, compared on the node (``cmp``): the value goes up into a
+    folder only the SSH user can enter and is removed at once. No digest of it is computed, so
+    none can reach pyinfra's output (``-vvv`` prints every fact's answer) to be tested offline.
+    """
     ok, output = host.run_shell_command(StringCommand("mktemp", "-d"), _sudo=False)
     private = output.stdout.strip() if ok else ""
     if not private.startswith("/"):
         return False
     try:
-        return host.put_file(io.StringIO(content), path, remote_temp_filename=f"{private}/upload", _sudo=True)
+        if not host.put_file(io.StringIO(content), f"{private}/candidate", _sudo=False):
+            return False
+        same, _ = host.run_shell_command(
+            StringCommand("cmp", "-s", QuoteString(path), QuoteString(f"{private}/candidate")), _sudo=True)
+        return same
     finally:
         host.run_shell_command(StringCommand("rm", "-rf", QuoteString(private)), _sudo=False)
 
@@ -151,8 +192,9 @@ def put_secret(host, content: str, path: str) -> bool:
 def secret_env_file(path: str, variable: str, env: str, present: bool = True):
     """
     Ensure a root-only (0600) env file holds ``VARIABLE=<value of the controller's $env>``. The
-    value is compared by its sha256 and uploaded by a function command: it never appears in
-    pyinfra's output, ``--diff``, ``--debug`` or ``--json``, nor on a command line.
+    value is compared on the node (``same_on_node``) and uploaded by a function command: neither it
+    nor anything derived from it appears in pyinfra's output, ``--diff``, ``--debug`` or
+    ``--json``, nor on a command line.
 
     + path: the file on the host
     + variable: the variable it defines (``VLLM_API_KEY``)
@@ -172,8 +214,11 @@ def secret_env_file(path: str, variable: str, env: str, present: bool = True):
         return
     content = f"{variable}={value}\n"
     info = gathered(host, File, path=path)
-    same = info and gathered(host, Sha256File, path=path) == hashlib.sha256(content.encode()).hexdigest()
-    if same and info.get("mode") == 600 and info.get("user") == "root":
+    # The value is compared on the node, once the run executes (preparing, a private file of the
+    # right mode counts as current: a --dry run does not say that a rotated secret changes).
+    if info and info.get("mode") == 600 and info.get("user") == "root" and (
+        preparing() or same_on_node(host, content, path)
+    ):
         host.noop(f"{path} holds the current secret")
         return
 

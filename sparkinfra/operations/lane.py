@@ -12,6 +12,7 @@ import shlex
 
 from pyinfra import host, logger
 from pyinfra.api import (
+    FunctionCommand,
     QuoteString,
     StringCommand,
     operation,
@@ -23,6 +24,7 @@ from ..facts.files import FileDigest
 from ..facts.lane import DockerContainer, LaneFiles, LaneStatus, LaneUnits
 from ..facts.reading import gathered
 from ..facts.stage import DockerImageId
+from .files import put_private
 
 
 @operation()
@@ -141,7 +143,7 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     script, data = f"{serving.STATE_DIR}/vllm_check.py", f"{serving.STATE_DIR}/{lane}.check.json"
     yield StringCommand("mkdir", "-p", "-m", "700", serving.STATE_DIR)
     yield from files.put._inner(src=io.StringIO(check), dest=script, mode="644")
-    yield from files.put._inner(src=io.StringIO(request), dest=data, mode="600")
+    yield FunctionCommand(lambda state, host: put_private(host, request, data), (), {})  # 0600 from its first byte
     # Named, so a converge killed during the check leaves nothing the next one does not remove.
     yield StringCommand("docker", "rm", "-f", CHECK_CONTAINER, ">/dev/null", "2>&1", "||", "true")
     run = " ".join(
@@ -190,6 +192,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
         reasons.append(f"its unit is {status.get('unit', 'not installed')}")
     elif status.get("started") != digest:
         reasons.append("its plan changed")
+    elif status.get("api_key") == "changed":  # compared on the head (lane_ctl's stamp): no digest of it here
+        reasons.append("its API key changed")
     else:
         down = [f"{ip} ({state})" for ip, state in sorted(status.get("workers", {}).items()) if state != "active"]
         if down:

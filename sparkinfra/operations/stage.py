@@ -20,13 +20,12 @@ from pyinfra.api import (
     operation,
 )
 from pyinfra.facts.files import Directory, File, FileContents
-from pyinfra.operations import files
 
 from .. import lanes, scripts, transfer
 from ..lanes import images
 from ..facts.reading import at_once, gathered, gathered_each, unproxied
 from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
-from .files import preparing, put_secret, refuse
+from .files import preparing, put_private, put_secret, refuse
 
 # Staging
 # -------
@@ -218,7 +217,7 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
     # Name the files: compare against the head's manifest, placed here for that.
     content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{transfer.MANIFEST}") or [])
     check = f"/run/sparkinfra/{transfer.MANIFEST}.{host.name}"
-    yield from files.put._inner(src=io.StringIO(content), dest=check, mode="600")
+    yield FunctionCommand(lambda state, host: put_private(host, content, check), (), {})  # 0600 from its first byte
     yield StringCommand(
         "sh", "-c", QuoteString(
             f"python3 -c {shlex.quote(transfer.tool_source())} compare {shlex.quote(repo_dir)} {check}"
@@ -234,6 +233,10 @@ _MISMATCH = (
     "print(f'{sys.argv[1]}: {sys.argv[2]} does not match the head manifest: {bad[:20]}', file=sys.stderr); "
     "sys.exit(1)"
 )
+
+
+# A download's token, for its length only: one fixed name, so a run that died is cleaned by the next.
+HF_TOKEN_FILE = "/run/sparkinfra/hf_token"
 
 
 @operation()
@@ -255,10 +258,13 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
     if gathered(host, Directory, path=f"{repo_path}/snapshots/{revision}") or (
         not re.fullmatch(r"[0-9a-f]{40}", revision) and gathered(host, File, path=f"{repo_path}/refs/{revision}")
     ):
+        if gathered(host, File, path=HF_TOKEN_FILE):  # a download killed before it removed its token
+            yield StringCommand("rm", "-f", HF_TOKEN_FILE)
+            return
         host.noop(f"{repo}@{revision} is in {cache_dir}")
         return
     token = os.environ.get(token_env, "")
-    token_file = f"/run/sparkinfra/hf_token.{abs(hash((repo, revision))) % 10**8}"
+    token_file = HF_TOKEN_FILE
     if token:
         # Not files.put: its --diff output would print the token. A function command holds the
         # token in a closure (its repr names only the function) and uploads it into a 0600 file.

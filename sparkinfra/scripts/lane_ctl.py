@@ -49,6 +49,7 @@ the lane's unit and the pattern of every lane's units, its env file, the folder 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -71,6 +72,28 @@ def plan(path: str) -> dict:
 def mark(p: dict, name: str) -> Path:
     """This lane's runtime mark ``name`` (started, warm, trial.env)."""
     return Path(p["marks_dir"]) / f"{p['lane']}.{name}"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by root only from its first byte (marks may hold a key's stamp)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def key_stamp(p: dict, key: str = "") -> dict | None:
+    """
+    The API-key file's HMAC under ``key`` (a new random one when empty), kept with the key in the
+    root-only ``started`` mark: tells whether the key changed since the lane started, while no
+    digest of the key appears in the plan, the status or pyinfra's output. None without a file.
+    """
+    path = p.get("api_key_file")
+    if not path or not os.path.exists(path):
+        return None
+    key = key or os.urandom(32).hex()
+    return {"key": key, "hmac": hmac.new(bytes.fromhex(key), Path(path).read_bytes(), "sha256").hexdigest()}
 
 
 def say(message: str) -> None:
@@ -271,8 +294,8 @@ def cmd_check(path: str) -> int:
 
 
 def check_every_rank(path: str, p: dict) -> str:
-    """``check`` on every rank at once (the head here, the workers over SSH); says each line. Why
-    the lane cannot start ('' when every rank passed)."""
+    """``check`` on every rank at once (the head here, the workers over SSH); says each line. The
+    ranks that failed ('' when every rank passed: the lane may start)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         head = pool.submit(container_check, p)
         workers = on_workers(p["workers"], "python3", str(Path(__file__).resolve()), "check", path, timeout=300)
@@ -286,8 +309,7 @@ def check_every_rank(path: str, p: dict) -> str:
     for rank, where, _, lines in results:
         for line in lines:
             say(f"rank {rank} on {where}: {line}")
-    failed = [f"rank {rank} on {where}: {lines[-1]}" for rank, where, ok, lines in results if not ok]
-    return "; ".join(failed)
+    return ", ".join(f"rank {rank} on {where}" for rank, where, ok, _ in results if not ok)
 
 
 def cmd_pre(path: str) -> int:
@@ -504,7 +526,7 @@ def cmd_run(path: str) -> int:
         say(str(exc))
         return 1
     Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
-    mark(p, "started").write_text(json.dumps({"digest": p["digest"], "at": time.time()}))
+    write_private(mark(p, "started"), json.dumps({"digest": p["digest"], "at": time.time(), "api_key": key_stamp(p)}))
     mark(p, "warm").unlink(missing_ok=True)
     child = subprocess.Popen(argv)
     ended = threading.Event()
@@ -681,6 +703,8 @@ def cmd_status(path: str, probe: bool = True) -> int:
     status["started"] = marks.get("started", {}).get("digest")
     status["warm"] = marks.get("warm", {}).get("digest")
     status["age"] = round(time.time() - marks["started"]["at"]) if "started" in marks else None
+    stamp = marks.get("started", {}).get("api_key")
+    status["api_key"] = None if not stamp else "current" if key_stamp(p, stamp["key"]) == stamp else "changed"
     if p["rank"] == 0 and probe:
         status["workers"] = {w["ip"]: unit_state_remote(w["ip"], p) for w in p["workers"]}
         status["failures"] = failures(p) or None
@@ -747,7 +771,7 @@ def warm(p: dict) -> bool:
         if not ok:
             return False
     started = json.loads(mark(p, "started").read_text())
-    mark(p, "warm").write_text(json.dumps(started))
+    write_private(mark(p, "warm"), json.dumps(started))
     return True
 
 

@@ -131,9 +131,9 @@ class Bed:
         )
         return Verify(proc.returncode, proc.stdout + proc.stderr)
 
-    def node(self, name: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
-        """Run a shell command inside a node, as root (the fault injector's hand)."""
-        return simbed.node_exec(name, "sh", "-c", command, check=check)
+    def node(self, name: str, command: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        """Run a shell command inside a node, as root (the fault injector's hand); ``input``: its stdin."""
+        return simbed.node_exec(name, "sh", "-c", command, check=check, input=input)
 
     def fabric_rx(self, name: str) -> int:
         """Bytes a node has received on its fabric port (what a transfer to it moved)."""

@@ -116,9 +116,10 @@ def test_tune_brackets_the_cpu_kv_cache_from_a_bad_start(serving, results):
 
 
 def test_bench_refuses_a_lane_that_is_not_serving(serving, results):
-    """After the bracketing (the test before), lane sim is placed but stopped."""
+    """After the bracketing (the test before), lane sim-long is placed: lane sim's files are gone
+    (one lane's files on a node at a time), so sim cannot be serving."""
     bed = serving
-    bed.node("spark-1", "systemctl stop sparkinfra-lane-sim.service")
+    assert bed.node("spark-1", "test -e /etc/sparkinfra/lanes/sim.json", check=False).returncode != 0
     before = len(_runs(results))
     out = _bench(bed, results, check=False)
     assert out.returncode != 0

@@ -12,8 +12,10 @@ with its kind: ``inventory-``, ``group_data-``, ``lane-`` or ``data-``. ``_good`
 the same project without a mistake, which pyinfra does try to reach.
 
 Every case runs ``pyinfra -y inventory/lab.py deploys/preflight.py`` in its own copy (the copy is
-the project root, as pyinfra runs in one), a few at a time; one test per case reads its run. One
-in-process test per kind loads the same cases through ``load_settings``.
+the project root, as pyinfra runs in one, with the project's ``config.py``, which checks the settings
+before pyinfra loads the inventory: a case's inventory need not end with ``validate_inventory``), a
+few at a time; one test per case reads its run. One in-process test per kind runs the same check
+on the same cases (``run.check_inventory``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
-from test_settings import INV, PYINFRA, REPO, load
+from pyinfra.context import ctx_state
+from test_settings import INV, PYINFRA, REPO
 
+from sparkinfra.run import check_inventory, parse_data
 from sparkinfra.settings import SettingsError
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"
@@ -68,10 +73,11 @@ def read_case(name: str) -> Case:
 
 
 def copy_project(name: str, root: Path) -> Path:
-    """The case's folder as a project root: its files, and the real preflight deploy."""
+    """The case's folder as a project root: its files, the real preflight deploy and config.py."""
     shutil.copytree(CORPUS / name, root, ignore=shutil.ignore_patterns("expect.txt", "data.txt"))
     (root / "deploys").mkdir()
     shutil.copy(REPO / DEPLOY, root / DEPLOY)
+    shutil.copy(REPO / "config.py", root / "config.py")
     return root
 
 
@@ -130,10 +136,12 @@ def test_the_corpus():
             assert case.data and "--data" in case.expect, case.name
         else:
             assert not case.data and re.search(r"\.(py|yaml)$", case.expect[0]), case.name
-        assert any(f.startswith(("key '", "line ")) for f in case.expect) or case.name == "inventory-no-hosts", case.name
+        # The key (or the line, or the host whose name is wrong); an inventory without hosts has none.
+        named = any(f.startswith(("key '", "line ", "(host ")) for f in case.expect)
+        assert named or any(f.endswith("has no hosts") for f in case.expect), case.name
         # Nodes only on 127.0.0.1 port 1 (nothing listens), so a run that goes on fails another way.
         text = (CORPUS / case.name / INV).read_text(encoding="utf-8")
-        hosts = re.findall(r'^\s*\("n\d+", \{.*\}\),$', text, re.M)
+        hosts = re.findall(r'^\s*\("[^"]*", \{.*\}\),$', text, re.M)
         assert len(hosts) == text.count('"ssh_hostname": "127.0.0.1", "ssh_port": 1,'), case.name
 
 
@@ -159,12 +167,13 @@ def test_refused_before_connecting(cli_runs, name):
     assert not missing, f"{case.what}: {missing} not in\n{run.out}"
 
 
-# In process, through load_settings
-# ---------------------------------
+# In process, through run.check_inventory
+# ---------------------------------------
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_refused_in_process(kind, tmp_path, monkeypatch):
+    """The check config.py runs (``run.check_inventory``), called with each case's ``--data``."""
     failures = []
     for case in (read_case(name) for name in CASES):
         if case.kind != kind:
@@ -172,7 +181,9 @@ def test_refused_in_process(kind, tmp_path, monkeypatch):
         root = copy_project(case.name, tmp_path / case.name)
         monkeypatch.chdir(root)
         try:
-            load(root, tuple(case.data))
+            with ctx_state.use(State()):
+                # An absolute path: pyinfra caches compiled files by the name it is given.
+                check_inventory(str(root / INV), parse_data(case.data))
         except (SettingsError, PyinfraError) as exc:
             message = str(exc)
         else:

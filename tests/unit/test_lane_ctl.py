@@ -403,3 +403,18 @@ def test_stopped_is_said_only_when_something_stopped(ctl, monkeypatch):
     assert said == ["stopped rank 1 on 10.0.0.2",
                     "rank 3 on 10.0.0.4 not reached to stop it (ssh: connect to host 10.0.0.4 port 22: No route to "
                     "host): it stops itself once rank 0's rendezvous is gone for 60s"]
+
+
+def test_a_changed_api_key_is_told_by_a_stamp_kept_root_only(ctl):
+    """The started mark keeps an HMAC of the key file under a random key of its own (0600): the
+    status says "current" or "changed", and no digest of the key leaves the head."""
+    key_file = ctl.tmp / "sim.secret.env"
+    key_file.write_text("VLLM_API_KEY=sk-one\n")
+    p = {**_plan(ctl), "api_key_file": str(key_file)}
+    stamp = ctl.key_stamp(p)
+    assert stamp == ctl.key_stamp(p, stamp["key"]) and stamp != ctl.key_stamp(p)  # each start: a new key
+    ctl.write_private(ctl.mark(p, "started"), json.dumps({"api_key": stamp}))
+    assert stat.S_IMODE(ctl.mark(p, "started").stat().st_mode) == 0o600
+    key_file.write_text("VLLM_API_KEY=sk-two\n")
+    assert ctl.key_stamp(p, stamp["key"]) != stamp
+    assert ctl.key_stamp({**p, "api_key_file": ""}) is None

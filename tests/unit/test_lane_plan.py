@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _sim_cluster():
     mp = pytest.MonkeyPatch()
     mp.chdir(REPO)
-    mp.setenv("SPARKBED_API_KEY", "sk-golden")  # the digest holds a tag of the key, never the key
+    mp.setenv("SPARKBED_API_KEY", "sk-golden")  # neither the key nor anything derived from it is in a plan
     try:
         return load_files("inventory/sim.py")[1].clusters["sim"]
     finally:
@@ -69,6 +69,16 @@ def test_only_the_head_serves_with_the_key_and_knows_the_workers(plans):
     assert "sk-golden" not in json.dumps([p.runner_plan() for p in plans]) + str([p.env for p in plans])
     assert head.workers == ((str(worker.node.fabric_ip), 1),) and worker.workers == ()
     assert head.unit_values()["restart"] == "always" and worker.unit_values()["restart"] == "no"
+
+
+def test_a_rotated_key_leaves_the_plans_as_they_were(monkeypatch):
+    """No tag or hash of the key in the digest (a weak key could be guessed from it offline): the
+    head's runner tells a changed key itself (lane_ctl's stamp), and the converge restarts for it."""
+    cluster, lane = _sim_cluster(), lanes.find_lane("sim")
+    monkeypatch.setenv("SPARKBED_API_KEY", "sk-golden")
+    before = [serving.plan_json(p) for p in serving.rank_plans(lane, cluster)]
+    monkeypatch.setenv("SPARKBED_API_KEY", "sk-rotated")
+    assert [serving.plan_json(p) for p in serving.rank_plans(lane, cluster)] == before
 
 
 def test_every_rank_drops_the_page_cache_while_loading_until_the_heads_api_answers(plans):

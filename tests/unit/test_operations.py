@@ -11,6 +11,7 @@ A fixture's ``key_host`` (an argument naming another pyinfra host) is ``{"name",
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -197,12 +198,46 @@ def test_file_content_the_same_with_another_mode_or_owner_fixes_only_that():
 def test_file_content_that_differs_or_is_missing_is_uploaded_then_owned(now):
     from pyinfra.api import FileUploadCommand
 
-    commands, noops = file_content([now])
+    commands, noops = file_content([now], mode="644")
     upload, *rest = commands
     assert isinstance(upload, FileUploadCommand) and upload.dest == "/etc/sparkinfra/nccl.env"
     assert upload.src.read() == "A=1\n"
-    assert [rendered(c) for c in rest] == ["chown root:root /etc/sparkinfra/nccl.env", "chmod 600 /etc/sparkinfra/nccl.env"]
+    assert [rendered(c) for c in rest] == ["chown root:root /etc/sparkinfra/nccl.env", "chmod 644 /etc/sparkinfra/nccl.env"]
     assert noops == []
+
+
+class Recorder:
+    """What an upload does on a host, in order (commands run, files put with their temp names)."""
+
+    def __init__(self):
+        self.done = []
+
+    def run_shell_command(self, command, _sudo=False):
+        text = rendered(command)
+        self.done.append(("sudo " if _sudo else "") + text)
+        return True, SimpleNamespace(stdout="/tmp/tmp.private\n" if text == "mktemp -d" else "")
+
+    def put_file(self, data, path, remote_temp_filename=None, _sudo=False):
+        self.done.append(f"put {path} via {remote_temp_filename}: {data.read()!r}")
+        return True
+
+
+@pytest.mark.parametrize("now", [file_state(content="A=2\n"), file_state(kind="absent")])
+def test_a_root_only_file_is_never_readable_by_others_on_its_way(now):
+    """Made 0600 root before it is filled; its upload passes through a folder only the SSH user can
+    enter (pyinfra's own goes through /tmp), which is removed."""
+    from pyinfra.api import FunctionCommand
+
+    commands, _ = file_content([now])
+    assert len(commands) == 1 and isinstance(commands[0], FunctionCommand)
+    host = Recorder()
+    assert commands[0].function(None, host)
+    assert host.done == [
+        "sudo install -m 600 -o root -g root /dev/null /etc/sparkinfra/nccl.env",
+        "mktemp -d",
+        "put /etc/sparkinfra/nccl.env via /tmp/tmp.private/upload: b'A=1\\n'",
+        "rm -rf /tmp/tmp.private",
+    ]
 
 
 def test_file_content_makes_a_missing_folder_first():
@@ -218,7 +253,7 @@ def test_file_content_from_a_controller_file_compares_its_bytes(tmp_path):
         lib.parent.mkdir()
         lib.write_bytes(data)
     assert file_content([file_state()], content=None, src=str(same))[0] == []  # the bytes the node holds
-    commands, _ = file_content([file_state()], content=None, src=str(other))
+    commands, _ = file_content([file_state()], content=None, src=str(other), mode="644")
     assert isinstance(commands[0], FileUploadCommand) and commands[0].src == str(other)
 
 
@@ -227,3 +262,40 @@ def test_file_content_refuses_what_is_not_a_file():
         file_content([file_state(kind="other")], stage="prepare")
     commands, _ = file_content([file_state(kind="other")])
     assert len(commands) == 1 and "is not a regular file" in rendered(commands[0]) and "exit 1" in rendered(commands[0])
+
+
+class NodeCompare(Recorder, FakeHost):
+    """A host whose secret file holds ``holds``: ``cmp`` answers as the node would."""
+
+    def __init__(self, facts, stage, holds):
+        FakeHost.__init__(self, "head", facts, stage)
+        Recorder.__init__(self)
+        self.holds, self.put = holds, None
+
+    def put_file(self, data, path, remote_temp_filename=None, _sudo=False):
+        self.put = data.getvalue()
+        return Recorder.put_file(self, io.StringIO(self.put), path, remote_temp_filename, _sudo)
+
+    def run_shell_command(self, command, _sudo=False):
+        ok, out = Recorder.run_shell_command(self, command, _sudo)
+        return (self.put == self.holds if rendered(command).startswith("cmp ") else ok), out
+
+
+@pytest.mark.parametrize(("holds", "stage", "changes"), [
+    ("VLLM_API_KEY=k1\n", "execute", False),
+    ("VLLM_API_KEY=old\n", "execute", True),
+    ("VLLM_API_KEY=old\n", "prepare", False),  # compared once the run executes, not while detecting changes
+])
+def test_a_secret_is_compared_on_the_node_and_no_digest_of_it_is_read(monkeypatch, holds, stage, changes):
+    """Only the File fact is given: a digest fact asked of the node would fail the fake host."""
+    monkeypatch.setenv("SPARKINFRA_TEST_KEY", "k1")
+    facts = [{"fact": "File", "args": {"path": "/etc/sparkinfra/lanes/sim.secret.env"},
+              "value": {"mode": 600, "user": "root"}}]
+    host = NodeCompare(facts, stage, holds)
+    with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
+        commands = list(files.secret_env_file._inner(path="/etc/sparkinfra/lanes/sim.secret.env",
+                                                     variable="VLLM_API_KEY", env="SPARKINFRA_TEST_KEY"))
+    assert bool(commands) == changes
+    if stage == "execute":
+        assert host.done[0] == "mktemp -d" and host.done[-1] == "rm -rf /tmp/tmp.private"
+        assert host.done[2] == "sudo cmp -s /etc/sparkinfra/lanes/sim.secret.env /tmp/tmp.private/candidate"

@@ -18,7 +18,7 @@ from pyinfra.context import ctx_host, ctx_state
 from spark_cluster import load_inventory
 
 from sparkinfra import run
-from sparkinfra.settings import InventorySettingsError
+from sparkinfra.run import InventorySettingsError
 
 PAIRS = "inventory/sim_pairs.py"  # pair_a: spark-1 (head), spark-2; pair_b: spark-3 (head), spark-4
 
@@ -168,3 +168,32 @@ def test_validate_inventory_refuses_a_partial_limit_before_connecting(monkeypatc
             run.validate_inventory(PAIRS)
     finally:
         ctx_state.set(before)  # pyinfra's ``use`` restores nothing when its body raises
+
+
+def test_the_command_line_check_covers_the_inventory_once(monkeypatch):
+    """config.py's check builds the command's inventory; the inventory's own last line
+    (``validate_inventory``), executed when pyinfra loads it next, has nothing left to do."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.setattr(run, "_checked", set())
+    monkeypatch.setattr(run, "cli_params", lambda: {"inventory": "inventory/pair.py", "data": ()})
+    with ctx_state.use(State()):
+        assert run.check_command_line().clusters["pair"].head.name == "bluey"
+        assert run.validate_inventory("inventory/pair.py") is None
+
+
+def test_the_command_line_check_refuses_bad_data(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.setattr(run, "_checked", set())
+    monkeypatch.setattr(run, "cli_params", lambda: {"inventory": "inventory/pair.py", "data": ("fabric_mtu=70000",)})
+    before = ctx_state.get()
+    try:
+        with ctx_state.use(State()), pytest.raises(InventorySettingsError) as refused:
+            run.check_command_line()
+    finally:
+        ctx_state.set(before)
+    assert str(refused.value).startswith("bad settings: --data, key 'fabric_mtu' (host bluey): must be 9216 or less")
+    assert not run._checked
+
+
+def test_the_command_line_check_outside_pyinfra_does_nothing():
+    assert run.check_command_line() is None

@@ -20,17 +20,31 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 
-from sparkinfra.run import checked_settings, parse_data
+from sparkinfra import settings
+from sparkinfra.run import InventorySettingsError, checked_settings, parse_data
 from sparkinfra.settings import (
     CLUSTER_KEYS,
-    InventorySettingsError,
     Settings,
     SettingsError,
+    cluster_problem,
+    container_problem,
+    env_value_problem,
+    host_name_problem,
+    image_problem,
+    interface_problem,
+    lane_problem,
+    model_id_problem,
+    node_path_problem,
+    rdma_device_problem,
+    revision_problem,
+    ssh_host_problem,
+    ssh_user_problem,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,18 +184,18 @@ BAD = [
         INV, "fabric_ip", "n1", "10.0.0.3 is not a host address of 10.0.0.0/30"),
     # MTU: 1280..9216.
     Bad("fabric-mtu-70000/group_data-all", proj({GALL: "fabric_mtu = 70000\n"}),
-        GALL, "fabric_mtu", "n0", "less than or equal to 9216 (got 70000)"),
+        GALL, "fabric_mtu", "n0", "must be 9216 or less (got 70000): 9216 is the largest jumbo frame"),
     Bad("fabric-mtu-70000/group_data-group", proj({GLAB: LAB_GROUP + "fabric_mtu = 70000\n"}),
-        GLAB, "fabric_mtu", "n0", "less than or equal to 9216 (got 70000)"),
+        GLAB, "fabric_mtu", "n0", "must be 9216 or less (got 70000): 9216 is the largest jumbo frame"),
     Bad("fabric-mtu-70000/inventory-dir-group_data",
         proj({GLAB: LAB_GROUP + "fabric_mtu = 9000\n", "inventory/group_data/lab.py": "fabric_mtu = 70000\n"}),
         "inventory/group_data/lab.py", "fabric_mtu", "n0", "(got 70000)"),
     Bad("fabric-mtu-70000/--data-over-group_data-all", proj({GALL: "fabric_mtu = 9000\n"}),
         DATA, "fabric_mtu", "n0", "(got 70000)", ("fabric_mtu=70000",)),
     Bad("fabric-mtu-1000/--data", proj(),
-        DATA, "fabric_mtu", "n0", "greater than or equal to 1280 (got 1000)", ("fabric_mtu=1000",)),
+        DATA, "fabric_mtu", "n0", "must be 1280 or more (got 1000): 1280 is IPv6's minimum link MTU", ("fabric_mtu=1000",)),
     Bad("fabric-mtu-1000/inventory-group", proj(inventory=inv(two(), {"fabric_mtu": 1000})),
-        INV, "fabric_mtu", "n0", "greater than or equal to 1280 (got 1000)"),
+        INV, "fabric_mtu", "n0", "must be 1280 or more (got 1000): 1280 is IPv6's minimum link MTU"),
     Bad("fabric-mtu-1000/group_data-group-over-inventory-group",
         proj({GLAB: LAB_GROUP + "fabric_mtu = 1000\n"}, inventory=inv(two(), {"fabric_mtu": 9000})),
         GLAB, "fabric_mtu", "n0", "(got 1000)"),
@@ -237,6 +251,22 @@ BAD = [
     Bad("teardown-differs/inventory-host",
         proj(inventory=inv(two(n1={"teardown": "full", "teardown_confirm": "lab"}))),
         INV, "teardown", "n1", "'full' differs from 'lanes' on n0: every node of cluster lab must agree"),
+    # SSH hostnames (here only, in process: the corpus's nodes must stay on 127.0.0.1).
+    Bad("ssh-hostname-space/inventory-host", proj(inventory=inv(two(n1={"ssh_hostname": "reddie local"}))),
+        INV, "ssh_hostname", "n1", "'reddie local' is neither an IPv4 address nor a DNS name"),
+    Bad("ssh-hostname-option/inventory-host", proj(inventory=inv(two(n0={"ssh_hostname": "-oProxyCommand=sh"}))),
+        INV, "ssh_hostname", "n0", "'-oProxyCommand=sh' is neither an IPv4 address nor a DNS name"),
+    Bad("ssh-hostname-bad-ipv4/--data", proj(), DATA, "ssh_hostname", "n0", "'10.0.0.300' is not an IPv4 address",
+        ("ssh_hostname=10.0.0.300",)),
+    Bad("ssh-hostname-label-dash/group_data-group", proj({GLAB: LAB_GROUP + 'ssh_hostname = "spark-.lab"\n'}),
+        GLAB, "ssh_hostname", "n0", "'spark-' is not a DNS label"),
+    # A typo gets the nearest key, a setting's or one of pyinfra's.
+    Bad("unknown-key-near/group_data-group", proj({GLAB: LAB_GROUP + "fabrc_mtu = 9000\n"}),
+        GLAB, "fabrc_mtu", "n0", "unknown key — did you mean 'fabric_mtu'?"),
+    Bad("unknown-key-near-ssh/inventory-host", proj(inventory=inv(two(n1={"ssh_hostnme": "10.1.0.2"}))),
+        INV, "ssh_hostnme", "n1", "unknown key — did you mean 'ssh_hostname'?"),
+    Bad("unknown-key-far/group_data-all", proj({GALL: "colour = 'blue'\n"}),
+        GALL, "colour", "n0", "unknown key: neither a setting (README: Settings) nor one of pyinfra's ssh_* keys"),
 ]
 
 
@@ -405,6 +435,112 @@ def test_seeds_pair_bad_data_names_data(monkeypatch):
     assert str(info.value).startswith("--data, key 'fabric_mtu' (host bluey): ")
 
 
+# Identifiers, checked for where they go
+# --------------------------------------
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def test_legitimate_unusual_values_pass(project):
+    """A /8 fabric, IPv4 and dashed DNS hostnames, users with '.', '_' and '-', and names of every
+    kind at the edges of their rules build a cluster."""
+    hosts = [
+        ("spark-head.lab-1", {"ssh_hostname": "10.1.0.10", "ssh_user": "first.last", "rank": 0,
+                              "fabric_ip": "10.0.0.1"}),
+        ("w1", {"ssh_hostname": "spark-w1.lab-1.example.com", "ssh_user": "svc_spark-2", "rank": 1,
+                "fabric_ip": "10.254.0.2"}),
+        ("10.1.0.12", {"ssh_user": "_admin", "rank": 2, "fabric_ip": "10.9.9.9"}),
+    ]
+    group = (
+        'cluster = "lab-1.a"\nfabric_subnet = "10.0.0.0/8"\nfabric_interface = "eth0.100"\n'
+        'rdma_devices = ["mlx5_0", "roceP2p1s0f0"]\ncontainer_name = "vllm_node.2-a"\n'
+        f'image = "registry.example.com:5000/team/vllm-node:v0.11.0@{DIGEST}"\n'
+        'model = "Org-1/Model_v1.5-AWQ"\nmodel_revision = "refs/pr/12"\ndrafter = "org/eagle3.draft"\n'
+        'model_dir = "/srv/hf-cache/models@v2"\nnccl_library = "/opt/nccl-2.30.7/lib/libnccl.so.2"\n'
+        'image_tarball = "/srv/images/vllm+cu13.tar"\nlane_env = {"VLLM_X": "a b=c:d \'quoted\'"}\n'
+    )
+    settings = project(proj({GLAB: group}, inventory=inv(hosts)))
+    cluster = settings.clusters["lab-1.a"]
+    assert cluster.fabric.subnet == IPv4Network("10.0.0.0/8")
+    assert [(n.name, n.ssh_host, n.ssh_user) for n in cluster.nodes] == [
+        ("spark-head.lab-1", "10.1.0.10", "first.last"),
+        ("w1", "spark-w1.lab-1.example.com", "svc_spark-2"),
+        ("10.1.0.12", "10.1.0.12", "_admin"),
+    ]
+    assert cluster.fabric.interface == "eth0.100"
+    assert cluster.config.model_revision == "refs/pr/12"
+
+
+@pytest.mark.parametrize(
+    "rule, value",
+    [
+        (interface_problem, "enp1s0f0np0"), (interface_problem, "a" * 15), (interface_problem, "br-fabric_1.20"),
+        (rdma_device_problem, "rocep1s0f0"), (rdma_device_problem, "r" * 63),
+        (container_problem, "vllm_node"), (container_problem, "0.a-b_c"),
+        (lane_problem, ""), (lane_problem, "pair-a-balanced"), (lane_problem, "sim.v2"),
+        (host_name_problem, "spark-1"), (host_name_problem, "10.0.0.5"),
+        (ssh_user_problem, "nvidia"), (ssh_user_problem, "first.last"), (ssh_user_problem, "svc_x-1"),
+        (ssh_host_problem, "192.168.1.20"), (ssh_host_problem, "bluey.local"), (ssh_host_problem, "a-b.example.com."),
+        (model_id_problem, "meta-llama/Llama-3.1-8B"), (model_id_problem, "org/x_y.z"), (model_id_problem, ""),
+        (revision_problem, "main"), (revision_problem, "a" * 40), (revision_problem, "v1.0"),
+        (image_problem, "vllm-node:latest"), (image_problem, "sparkbed/stage:1"),
+        (image_problem, f"nvcr.io/nvidia/vllm@{DIGEST}"), (image_problem, "localhost:5000/a/b__c:Tag_1.2"),
+        (node_path_problem, "/var/lib/sparkinfra/hf"), (node_path_problem, "/opt/a+b@c/lib.so.2"),
+        (env_value_problem, "INIT,NET"), (env_value_problem, ""),
+    ],
+)
+def test_rules_accept(rule, value):
+    assert rule(value) is None
+
+
+@pytest.mark.parametrize(
+    "rule, value, says",
+    [
+        (interface_problem, "a" * 16, "is 16 characters: Linux takes at most 15"),
+        (interface_problem, ".", "Linux refuses an empty name, '.' and '..'"),
+        (interface_problem, "eth0:1", "holds ':'"),
+        (interface_problem, "eth 0", "holds whitespace"),
+        (interface_problem, "eth$0", "holds '$'"),
+        (interface_problem, "eth%i", "holds '%'"),  # a specifier in a unit file
+        (rdma_device_problem, "r" * 64, "at most 63"),
+        (rdma_device_problem, "../mlx5_0", "holds '/'"),
+        (container_problem, "-rm", "starts with '-'"),
+        (container_problem, "a/b", "is a path"),
+        (lane_problem, "../tiny", "is a path"),
+        (lane_problem, "lanes/tiny.yaml", "is a path"),
+        (lane_problem, ".tiny", "starts with '.'"),
+        (lane_problem, "a..b", "holds '..'"),
+        (lane_problem, "tiny lane", "holds a space"),
+        (cluster_problem, "", "cannot be empty"),
+        (host_name_problem, "n1;reboot", "holds ';'"),
+        (ssh_user_problem, "red die", "holds a space"),
+        (ssh_user_problem, "-oProxyCommand", "starts with '-'"),
+        (ssh_user_problem, "a" * 33, "at most 32"),
+        (ssh_user_problem, "", "cannot be empty"),
+        (ssh_host_problem, "host:22", "neither an IPv4 address nor a DNS name"),
+        (ssh_host_problem, "1.2.3", "is not an IPv4 address"),
+        (model_id_problem, "tiny", "owner/name"),
+        (model_id_problem, "a/b/c", "owner/name"),
+        (model_id_problem, "org/-x", "is not a Hub name"),
+        (model_id_problem, "org/x..y", "is not a Hub name"),
+        (model_id_problem, "org/x.git", "ends with '.git'"),
+        (model_id_problem, "org/" + "x" * 97, "at most 96"),
+        (revision_problem, "../main", "is not a revision"),
+        (revision_problem, "main branch", "is not a revision"),
+        (image_problem, "Vllm:latest", "not an image reference"),
+        (image_problem, "vllm:latest; rm -rf /", "not an image reference"),
+        (node_path_problem, "relative/path", "is not an absolute path"),
+        (node_path_problem, "/a b", "holds a space"),
+        (node_path_problem, "/a,b", "holds ','"),
+        (node_path_problem, "/srv/../etc", "holds '..'"),
+        (env_value_problem, "1\nX=2", "control character"),
+    ],
+)
+def test_rules_refuse(rule, value, says):
+    said = rule(value)
+    assert said and says in said, said
+
+
 # validate_inventory: refused while the inventory loads
 # -----------------------------------------------------
 
@@ -487,17 +623,18 @@ def listener():
 DEPLOY = 'from pyinfra.operations import server\n\nserver.shell(name="Say hello", commands=["true"])\n'
 
 
-def cli_project(root: Path, port: int, files: dict[str, str | None] | None = None, n1: dict | None = None) -> None:
+def cli_project(root: Path, port: int, files: dict[str, str | None] | None = None, n1: dict | None = None,
+                last_line: str = VALIDATE) -> None:
     ssh = {"ssh_hostname": "127.0.0.1", "ssh_port": port}
     hosts = two(n0=ssh, n1={**ssh, **(n1 or {})})
-    write(root, proj({**(files or {}), "deploy.py": DEPLOY}, inventory=inv(hosts) + VALIDATE))
+    write(root, proj({**(files or {}), "deploy.py": DEPLOY}, inventory=inv(hosts) + last_line))
     (root / "home").mkdir(exist_ok=True)
 
 
-def run_pyinfra(root: Path, *args: str) -> tuple[int, str]:
+def run_pyinfra(root: Path, *args: str, inventory: str = INV) -> tuple[int, str]:
     env = {**os.environ, "HOME": str(root / "home")}
     proc = subprocess.run(
-        [str(PYINFRA), "-y", INV, "deploy.py", *args],
+        [str(PYINFRA), "-y", inventory, "deploy.py", *args],
         cwd=root,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -545,3 +682,42 @@ def test_cli_refuses_bad_settings_in_group_data_option_before_connecting(tmp_pat
     assert listener.seen() == 0, out
     assert code != 0, out
     assert "bad settings: extra/lab.py, key 'fabric_mtuu'" in out, out
+
+
+# The project's config.py: the check runs whichever inventory pyinfra is given
+# ---------------------------------------------------------------------------
+
+CONFIG = {"config.py": (REPO / "config.py").read_text(encoding="utf-8")}
+
+
+def test_cli_checks_an_inventory_without_its_last_line(tmp_path, listener):
+    cli_project(tmp_path, listener.port, CONFIG, last_line="")
+    code, out = run_pyinfra(tmp_path, "--data", "fabric_mtu=70000")
+    assert listener.seen() == 0, out
+    assert code != 0 and "Connecting to hosts" not in out, out
+    # In the tool's words, without a location in sparkinfra's source.
+    assert "--> sparkinfra: bad settings: --data, key 'fabric_mtu' (host n0): must be 9216 or less" in out, out
+    assert "pyinfra error" not in out and "Traceback" not in out, out
+
+
+def test_cli_checks_a_host_list_inventory(tmp_path, listener):
+    """``@local`` (or any host list) gets group_data/all.py and the same check."""
+    cli_project(tmp_path, listener.port, CONFIG, last_line="")
+    code, out = run_pyinfra(tmp_path, inventory="@local")
+    assert code != 0 and "Connecting to hosts" not in out, out
+    assert "--> sparkinfra: bad settings: @local (host @local): '@local' holds '@'" in out, out
+
+
+def test_cli_good_settings_without_the_last_line_do_connect(tmp_path, listener):
+    """The control of the two above: config.py lets good settings through."""
+    cli_project(tmp_path, listener.port, CONFIG, last_line="")
+    code, out = run_pyinfra(tmp_path)
+    assert "bad settings" not in out, out
+    assert listener.seen() >= 1, out
+
+
+def test_a_refused_hf_endpoint_is_not_repeated_it_may_hold_a_password():
+    with pytest.raises(ValidationError) as refused:
+        settings.HostSettings.model_validate({"hf_endpoint": "https://me:hunter2@mirror.example/"})
+    said = [settings.in_words(e) for e in refused.value.errors() if e["loc"] == ("hf_endpoint",)]
+    assert said and "without user:password@" in said[0][2] and "hunter2" not in said[0][2], said

@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from sparkinfra import transfer
+from sparkinfra import lanes, transfer
 from sparkinfra.facts.stage import (
     DockerImageId,
     SnapshotManifest,
@@ -17,14 +17,20 @@ def _head(cluster):
     return next(t for t in cluster if t.node.rank == 0)
 
 
+def _staged_image(config) -> str:
+    """What deploys/stage.py puts on every node: the lane's image, else the cluster's."""
+    return lanes.lane_image(lanes.find_lane(config.lane), config.image).ref if config.lane else config.image
+
+
 def test_every_node_has_the_heads_image(cluster):
     config = cluster[0].cluster.config
-    ids = {t.node.name: t.fact(DockerImageId, image=config.image) for t in cluster}
+    image = _staged_image(config)
+    ids = {t.node.name: t.fact(DockerImageId, image=image) for t in cluster}
     head_id = ids[_head(cluster).node.name]
-    assert head_id, f"{config.image} is not on the head"
-    if config.image_id:
+    assert head_id, f"{image} is not on the head"
+    if config.image_id and image == config.image:
         assert head_id == config.image_id, f"head has {head_id}, settings want {config.image_id}"
-    assert all(i == head_id for i in ids.values()), f"{config.image} differs: {ids}"
+    assert all(i == head_id for i in ids.values()), f"{image} differs: {ids}"
 
 
 def _snapshots(cluster):
@@ -65,9 +71,9 @@ def test_snapshots_resolve_offline_in_the_image_on_every_node(node):
             "print(snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3]))"
         )
         out = node.root(
-            f"docker run --rm --network none -e HF_HUB_OFFLINE=1 "
-            f"-v {shlex.quote(config.model_dir)}:{shlex.quote(config.model_dir)}:ro {shlex.quote(config.image)} "
-            f"python3 -c {shlex.quote(code)} {shlex.quote(repo)} {shlex.quote(revision)} {shlex.quote(config.model_dir)}"
+            f"docker run --rm --network none -e HF_HUB_OFFLINE=1 --entrypoint python3 "
+            f"-v {shlex.quote(config.model_dir)}:{shlex.quote(config.model_dir)}:ro {shlex.quote(_staged_image(config))} "
+            f"-c {shlex.quote(code)} {shlex.quote(repo)} {shlex.quote(revision)} {shlex.quote(config.model_dir)}"
         )
         assert out.rc == 0, f"{node}: {repo}@{revision} does not resolve offline: {out.stderr[-800:]}"
         assert out.stdout.strip().endswith(f"/snapshots/{revision}"), out.stdout

@@ -1,5 +1,6 @@
 cluster = "lab"
-fabric_subnet = "10.0.0.0/24"
+# Legitimate but unusual: a /8 fabric, a node far from the other in it, a user with '.', '_' and '-'.
+fabric_subnet = "10.0.0.0/8"
 model = "org/tiny"
 lane = "tiny"
 model_revision = "0123456789abcdef0123456789abcdef01234567"

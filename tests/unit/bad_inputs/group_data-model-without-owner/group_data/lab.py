@@ -1,0 +1,3 @@
+cluster = "lab"
+fabric_subnet = "10.0.0.0/24"
+model = "tiny"

@@ -1,0 +1,1 @@
+"""Bad-input corpus: an inventory someone has not filled in yet."""
