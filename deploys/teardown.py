@@ -2,7 +2,8 @@
 Stop serving: every lane's units stopped (and not started at boot) on every node, their containers
 removed, and what each lane left (units, plans, env files, the head's API-key file, validation marks,
 mods, runtime marks). Images, weights, the runner, the fabric and NCCL setup stay: a converge serves
-again, moving nothing.
+again, moving nothing. The head's restart history of each lane stays too (``status`` tells when and
+why the lane last stopped); a lane switch or a full teardown removes it.
 
     pyinfra inventory/pair.py deploys/teardown.py
 
@@ -53,8 +54,9 @@ container_absent(
     container=config.container_name,
 )
 lane_files = other_lanes_absent(
-    name="No lane's unit, plan, env file or mark is left on this node",
+    name="No lane's unit, plan, env file or mark is left on this node (their restart history stays)",
     lane="",
+    keep_history=True,
 )
 systemd.daemon_reload(name="systemd has forgotten the lanes' units", _if=lane_files.did_change)
 

@@ -8,7 +8,8 @@ Repositories are folders under ``root``: ``root/<org>/<name>/<sha>/...files...``
 for ``revision="main"``). Served (model repositories only):
 
 - ``GET /api/models/<org>/<name>[/revision/<rev>]``: model info (``sha``, ``siblings``; with
-  ``?blobs=true`` each sibling's ``size``, ``blobId`` and ``lfs``);
+  ``?blobs=true`` (or ``True``: ``model_info(files_metadata=True)``) each sibling's ``size``,
+  ``blobId`` and ``lfs``, which is how a download learns the revision's size first);
 - ``GET /api/models/<org>/<name>/tree/<rev>[/<path>]?recursive=&cursor=``: the tree listing, 1000
   entries a page, more through a ``Link: <...>; rel="next"`` header;
 - ``HEAD``/``GET /<org>/<name>/resolve/<rev>/<path>``: the file, with ``X-Repo-Commit``, ``ETag``
@@ -250,7 +251,8 @@ class Handler(BaseHTTPRequestHandler):
         org, name, rest = parts[0], parts[1], parts[2:]
         if rest == [] or (len(rest) == 2 and rest[0] == "revision"):
             repo, sha = self.repo(org, name, rest[1] if rest else "main")
-            self.send_json(self.model_info(repo, org, name, sha, query.get("blobs", [""])[0] == "true"), body)
+            # requests (huggingface_hub 0.x) sends blobs=True, httpx blobs=true: the hub takes both
+            self.send_json(self.model_info(repo, org, name, sha, query.get("blobs", [""])[0].lower() == "true"), body)
         elif len(rest) >= 2 and rest[0] == "tree":
             repo, sha = self.repo(org, name, rest[1])
             self.tree(repo / sha, "/".join(rest[2:]).split("/") if rest[2:] else [], query, url, body)

@@ -26,10 +26,10 @@ CONTAINER_CHECK = "/usr/local/lib/sparkinfra/container_check.py"
 CONTAINER_CHECK_SOURCE = scripts.path("container_check.py")
 CONTAINER_CHECK_IN = "/run/sparkinfra/container_check.py"
 PLANS_DIR = "/etc/sparkinfra/lanes"
-STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks
+STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks and restart history (kept over reboots)
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
 # lane_ctl's marks, ``MARKS_DIR/<lane>.<name>``
-MARK_NAMES = ("started", "warm", "failures", "stop-reason", "nccl-copies", "trial.env")
+MARK_NAMES = ("started", "warm", "failures", "stop-reason", "start-reason", "nccl-copies", "trial.env")
 LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
@@ -84,12 +84,12 @@ def env_path(lane: str) -> str:
 
 def lane_paths(lane: str) -> list[str]:
     """Every file and folder a lane leaves on a node besides the shared runner: its unit, plan, env
-    files, the head's validation marks, its mods, its runtime marks (what goes when it is not the
-    cluster's lane any more)."""
+    files, the head's validation marks and restart history, its mods, its runtime marks (what goes
+    when it is not the cluster's lane any more)."""
     return [
         f"/etc/systemd/system/{unit_name(lane)}",
         plan_path(lane), env_path(lane), secret_env_path(lane),
-        validated_path(lane), f"{STATE_DIR}/{lane}.check.json",
+        validated_path(lane), f"{STATE_DIR}/{lane}.check.json", history_path(lane),
         f"{MODS_DIR}/{lane}",
         *(f"{MARKS_DIR}/{lane}.{name}" for name in MARK_NAMES),
     ]
@@ -102,7 +102,8 @@ def lane_of_path(path: str) -> str | None:
         return name[len("sparkinfra-lane-"):-len(".service")]
     if folder == MODS_DIR:
         return name
-    for where, suffixes in ((PLANS_DIR, (".secret.env", ".json", ".env")), (STATE_DIR, (".validated", ".check.json")),
+    for where, suffixes in ((PLANS_DIR, (".secret.env", ".json", ".env")),
+                            (STATE_DIR, (".validated", ".check.json", ".history")),
                             (MARKS_DIR, tuple(f".{m}" for m in MARK_NAMES))):
         if folder == where:
             return next((name[:-len(s)] for s in suffixes if name.endswith(s) and len(name) > len(s)), None)
@@ -112,6 +113,15 @@ def lane_of_path(path: str) -> str | None:
 def failures_path(lane: str) -> str:
     """lane_ctl's count of the lane's failures in a row, which its next start backs off by."""
     return f"{MARKS_DIR}/{lane}.failures"
+
+
+def history_path(lane: str) -> str:
+    """
+    The head's restart history of the lane: one JSON line per start, ready and stop, each with its
+    reason (``lane_ctl.py history``); root-only, the last 200 events, kept over reboots (a boot
+    is one of the reasons it tells).
+    """
+    return f"{STATE_DIR}/{lane}.history"
 
 
 def runner(lane: str, verb: str, *args: str) -> StringCommand:
@@ -186,6 +196,7 @@ class RankPlan:
             "lane_units": LANE_UNITS,
             "env_file": env_path(self.lane),
             "marks_dir": MARKS_DIR,
+            "history": history_path(self.lane) if self.is_head else "",
             "rank": self.rank,
             "container": self.container,
             "image": self.image,

@@ -10,8 +10,8 @@ error names the file (or ``--data``), the key and the host, and says what is wro
 pydantic's are reworded (``in_words``), a bound says why (``WHY``), a typo gets the nearest key.
 
 Over 400 lines: every setting lives in this one model, each key with its description and rule
-(the README's settings table is checked against it), beside the loader that names the file of
-each key; split, a new setting would touch two places.
+(the settings table in docs/settings.md is checked against it), beside the loader that names
+the file of each key; split, a new setting would touch two places.
 """
 
 from __future__ import annotations
@@ -790,7 +790,7 @@ def unknown_key(key: str) -> str:
     near = difflib.get_close_matches(key, [*HostSettings.model_fields, *_SSH_KEYS], n=1, cutoff=0.75)
     if near:
         return f"unknown key — did you mean '{near[0]}'?"
-    return "unknown key: neither a setting (README: Settings) nor one of pyinfra's ssh_* keys"
+    return "unknown key: neither a setting (docs/settings.md) nor one of pyinfra's ssh_* keys"
 
 
 # Settings whose refused value is not repeated in the message: it may hold a credential.

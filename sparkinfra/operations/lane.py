@@ -24,6 +24,7 @@ from ..facts.files import FileDigest
 from ..facts.lane import DockerContainer, LaneFiles, LaneStatus, LaneUnits
 from ..facts.reading import gathered
 from ..facts.stage import DockerImageId
+from ..progress import shown
 from .files import put_private
 
 
@@ -73,7 +74,9 @@ ACTIVE_STATES = ("active", "activating", "reloading", "deactivating")
 @operation()
 def other_lanes_stopped(lane: str):
     """
-    Ensure no other lane's unit runs, or starts at boot, on this node (one lane at a time).
+    Ensure no other lane's unit runs, or starts at boot, on this node (one lane at a time). A
+    running unit is left the stop's reason first (its runner's ``stop-reason`` mark, which the
+    head's history records): "a teardown stops it", or "lane <lane> is placed here".
 
     + lane: the lane that may run (empty: none may)
     """
@@ -86,6 +89,11 @@ def other_lanes_stopped(lane: str):
     if not others and not failed:
         host.noop("no other lane runs here")
         return
+    running = [o for o in others if units[o]["active"] in ACTIVE_STATES]
+    if running:
+        why = QuoteString(f"lane {lane} is placed here" if lane else "a teardown stops it")
+        notes = [x for o in running for x in ("&&", "printf", "%s", why, ">", f"{serving.MARKS_DIR}/{o}.stop-reason")]
+        yield StringCommand("mkdir", "-p", serving.MARKS_DIR, *notes)
     if others:
         yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
     # A rank stopped mid-start may end "failed": stopped on purpose, it is just inactive.
@@ -94,15 +102,22 @@ def other_lanes_stopped(lane: str):
 
 
 @operation()
-def other_lanes_absent(lane: str):
+def other_lanes_absent(lane: str, keep_history: bool = False):
     """
     Ensure no other lane left files on this node (``serving.lane_paths``: its unit, plan, env files,
-    the head's API-key file and validation marks, its mods, its runtime marks); a unit still running
-    or enabled is stopped and disabled first. Reload systemd after it (``_if=`` its ``did_change``).
+    the head's API-key file, validation marks and restart history, its mods, its runtime marks); a
+    unit still running or enabled is stopped and disabled first. Reload systemd after it (``_if=``
+    its ``did_change``).
 
     + lane: the lane whose files stay (empty: none stay, a teardown)
+    + keep_history: leave each lane's restart history (a teardown: ``status`` still tells how the
+      lane last stopped; a full teardown removes the folder)
     """
-    others = {name: paths for name, paths in gathered(host, LaneFiles).items() if name != lane}
+    others = {
+        name: [p for p in paths if not (keep_history and p == serving.history_path(name))]
+        for name, paths in gathered(host, LaneFiles).items() if name != lane
+    }
+    others = {name: paths for name, paths in others.items() if paths}
     if not others:
         host.noop("no other lane's files are here")
         return
@@ -166,7 +181,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     """
     Ensure the lane serves: its units active on every node, started from the current plan (digest),
     and the head's API completing a request. Otherwise the whole lane restarts (workers first,
-    from the head's unit) and this waits until a completion returns tokens.
+    from the head's unit; ``lane_ctl.py restart`` keeps the reasons in the head's restart history)
+    and this waits until a completion returns tokens, its phases printed as they come (``shown``).
 
     + lane: the lane's name (this runs on its head)
     + digest: the plan every rank must run (``serving.lane_digest``)
@@ -174,7 +190,7 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     """
     status = host.get_fact(LaneStatus, lane=lane) or {}
     unit = serving.unit_name(lane)
-    wait = serving.runner(lane, "wait-ready", str(ready_timeout))
+    wait = serving.runner(lane, "wait-ready", str(ready_timeout))  # its lines: the start's phases
     age = status.get("age")
     starting = (
         status.get("unit") in ("active", "activating") and status.get("started") == digest
@@ -185,7 +201,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
         # Already (re)starting on its own (its unit restarts the lane when a rank dies): wait for it,
         # restarting it only if it does not become ready.
         logger.info(f"    [{host.name}] {unit} is starting ({age}s ago): waiting for it")
-        yield StringCommand(wait, "||", "(", "systemctl", "restart", unit, "&&", wait, ")")
+        again = serving.runner(lane, "restart", "it did not become ready")
+        yield shown(StringCommand(wait, "||", "(", again, "&&", wait, ")"))
         return
     reasons = []
     if status.get("unit") != "active":
@@ -207,8 +224,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
     # A converge is a deliberate start: it does not wait out the back-off of earlier failures.
     yield StringCommand("rm", "-f", serving.failures_path(lane))
-    yield StringCommand("systemctl", "restart", unit)
-    yield wait
+    yield serving.runner(lane, "restart", "; ".join(reasons))  # the reasons go to the head's restart history
+    yield shown(wait)
 
 
 @operation()

@@ -22,6 +22,7 @@ from pyinfra.api import (
 from pyinfra.facts.files import Directory, File, FileContents
 
 from .. import lanes, scripts, transfer
+from ..progress import shown
 from ..lanes import images
 from ..facts.reading import at_once, gathered, gathered_each, unproxied
 from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
@@ -118,7 +119,8 @@ def image_built(image: lanes.Image):
     tarball = f"/run/sparkinfra/recipe-{image.name}.tar"
     yield StringCommand("install", "-d", "-m", "700", "/run/sparkinfra", QuoteString(folder))
     yield FileUploadCommand(io.BytesIO(images.recipe_tarball(image.folder)), tarball)
-    yield scripts.command("image_build.sh", image.ref, folder, tarball, *images.build_command_args(image))
+    # One line every few seconds naming the build's step, then its time; the log's end on failure.
+    yield shown(scripts.command("image_build.sh", image.ref, folder, tarball, *images.build_command_args(image)))
 
 
 @operation()
@@ -144,7 +146,8 @@ def image_on_workers(image: str, workers: list):
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")
         return
-    yield transfer.image_fanout_command(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind])
+    # Bytes sent, rate and ETA every few seconds, then the total and its time.
+    yield shown(transfer.image_fanout_command(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind]))
 
 
 @operation()
@@ -194,7 +197,8 @@ def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, s
     if not behind:
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
-    yield transfer.head_transfer_command(repo_dir, behind, bind_ip, port, streams, deep)
+    # Each worker's bytes, rate and ETA every few seconds, then its total and its time.
+    yield shown(transfer.head_transfer_command(repo_dir, behind, bind_ip, port, streams, deep))
 
 
 @operation()
@@ -244,7 +248,8 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
                         endpoint: str = ""):
     """
     Ensure a model snapshot is in this host's HF cache, downloaded once with ``huggingface_hub``
-    when it is not -- the lane image's own copy, so the host needs nothing but docker. The token
+    when it is not (``scripts/hf_download.py``: its bytes, rate and ETA every few seconds) -- the
+    lane image's own copy, so the host needs nothing but docker. The token
     (from the controller's ``token_env``) reaches the host only as a 0600 file, mounted read-only
     into the download and removed after it; it is never on a command line or in the output.
 
@@ -274,18 +279,14 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
             return put_secret(host, token, token_file)
 
         yield FunctionCommand(upload_token, (), {})
-    script = (
-        "import os, sys\n"
-        "f = '/run/hf_token'\n"
-        "token = open(f).read().strip() if os.path.exists(f) else None\n"
-        "from huggingface_hub import snapshot_download\n"
-        "print(snapshot_download(sys.argv[1], revision=sys.argv[2], cache_dir=sys.argv[3], token=token))\n"
-    )
     run = [
         "docker", "run", "--rm", "--network", "host", "--entrypoint", "python3",
         "-v", f"{shlex.quote(cache_dir)}:{shlex.quote(cache_dir)}",
         *(["-v", f"{token_file}:/run/hf_token:ro"] if token else []),
         *(["-e", f"HF_ENDPOINT={shlex.quote(endpoint)}"] if endpoint else []),
-        shlex.quote(image), "-c", shlex.quote(script), shlex.quote(repo), shlex.quote(revision), shlex.quote(cache_dir),
+        shlex.quote(image), "-c", shlex.quote(scripts.text("hf_download.py")),
+        shlex.quote(repo), shlex.quote(revision), shlex.quote(cache_dir),
     ]
-    yield f"mkdir -p {shlex.quote(cache_dir)} && {' '.join(run)}; rc=$?; rm -f {token_file}; exit $rc"
+    # Its progress (bytes, rate, ETA every 5 s; then what it fetched) is printed as it comes.
+    command = f"mkdir -p {shlex.quote(cache_dir)} && {' '.join(run)}; rc=$?; rm -f {token_file}; exit $rc"
+    yield shown(StringCommand(command))

@@ -8,10 +8,46 @@
 # A repository is checked out in FOLDER/src at COMMIT, kept between builds (as docker keeps its
 # build cache), reset and cleaned, patched in order, then built by its own SCRIPT, which makes the
 # image PRODUCES. Each failure names its step.
+#
+# The build's output goes to FOLDER/build.log (kept: the whole of it is there after a build); every
+# PROGRESS_EVERY seconds (default 5) a line names the step it is at when that changed, or every
+# 6 such periods all the same, then one line with its time; on failure, the log's last 40 lines:
+#   build TAG: 125 s, [stage-1 3/7] RUN pip install vllm
+#   build TAG: built in 930 s
 set -eu
 tag=$1 folder=$2 tarball=$3 kind=$4
 shift 4
 fail() { echo "image_build $tag: $*" >&2; exit 1; }
+every=${PROGRESS_EVERY:-5}
+log=$folder/build.log
+t0=$(date +%s)
+
+# logged COMMAND...: run it with its output in $log and the progress lines on stdout; its status.
+# A step is docker's: BuildKit's "#N [stage i/n] INSTRUCTION", or the legacy builder's "Step i/n : ...".
+logged() {
+    : > "$log"
+    (
+        nap='' last='' quiet=0
+        trap 'kill $nap 2> /dev/null; exit 0' TERM
+        while sleep "$every" & nap=$!; wait $nap; do
+            step=$(grep -E '^#[0-9]+ \[|^Step [0-9]+/[0-9]+ : ' "$log" | tail -n 1 | sed 's/^#[0-9]* //' | cut -c 1-120)
+            quiet=$((quiet + 1))
+            if [ "$step" != "$last" ] || [ $quiet -ge 6 ]; then
+                echo "build $tag: $(($(date +%s) - t0)) s${step:+, $step}"
+                last=$step quiet=0
+            fi
+        done
+    ) &
+    progress=$!
+    status=0
+    BUILDKIT_PROGRESS=plain "$@" > "$log" 2>&1 || status=$?
+    kill $progress 2> /dev/null || true
+    wait $progress || true
+    if [ $status != 0 ]; then
+        tail -n 40 "$log" >&2
+    fi
+    return $status
+}
 
 rm -rf "$folder/files"
 mkdir -p "$folder/files"
@@ -27,8 +63,8 @@ dockerfile)
         set -- "$@" --build-arg "$arg"
     done
     shift "$n"
-    docker build --tag "$tag" --file "$folder/files/$dockerfile" "$@" "$folder/files" ||
-        fail "docker build failed (the lines above say why)"
+    logged docker build --tag "$tag" --file "$folder/files/$dockerfile" "$@" "$folder/files" ||
+        fail "docker build failed (the last lines of its log are above, all of it is in $log)"
     ;;
 repository)
     url=$1 commit=$2 produces=$3 npatches=$4
@@ -48,7 +84,7 @@ repository)
         npatches=$((npatches - 1))
         git apply "$folder/files/$patch" || fail "patch $patch does not apply to $commit"
     done
-    "$@" || fail "the build script $* failed (the lines above say why)"
+    logged "$@" || fail "the build script $* failed (the last lines of its log are above, all of it is in $log)"
     docker image inspect "$produces" > /dev/null 2>&1 || fail "the build script made no image $produces"
     docker tag "$produces" "$tag"
     ;;
@@ -56,3 +92,4 @@ repository)
     fail "unknown recipe kind $kind"
     ;;
 esac
+echo "build $tag: built in $(($(date +%s) - t0)) s"

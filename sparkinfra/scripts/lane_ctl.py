@@ -6,9 +6,10 @@ Over 400 lines: it is uploaded as one file and runs with the node's own python3 
 its parts (start order, watch, liveness, trials, status) cannot be modules of their own.
 
     lane_ctl.py pre PLAN          head, ExecStartPre: back off after failures in a row (5 s doubling
-                                  to 120 s), stop other lanes here and on the workers, check every
-                                  rank's container at once (``check``; any failure: no start), then
-                                  restart this lane's workers (all ranks start fresh, workers first)
+                                  to 120 s), record the start and its reason in the history, stop
+                                  other lanes here and on the workers, check every rank's container
+                                  at once (``check``; any failure: no start), then restart this
+                                  lane's workers (all ranks start fresh, workers first)
     lane_ctl.py check PLAN        this rank's container checked before vLLM runs in it: the plan's
                                   container_check.py in a throwaway container of the rank's own options
                                   (the NCCL pin as libraries load it, RDMA devices, the GID row)
@@ -24,13 +25,20 @@ its parts (start order, watch, liveness, trials, status) cannot be modules of th
                                   head's /health answers (the plan's drop_caches; none under instanttensor)
     lane_ctl.py post PLAN         head, ExecStopPost: stop the workers (a dead head takes the lane down);
                                   a failed run counted with its reason (the ``failures`` mark), a
-                                  stop asked for clears the count
+                                  stop asked for clears the count; the stop recorded in the history
+    lane_ctl.py restart PLAN WHY  head: restart the lane's unit for a converge, WHY kept as the reason
+                                  of the stop and of the start; systemctl's exit status
+    lane_ctl.py history PLAN [N]  head: the last N (20) starts, readies and stops, one JSON line each
     lane_ctl.py stop PLAN         worker: stop this rank's unit; prints ``stopped`` or what it was
     lane_ctl.py clean PLAN        ExecStartPre, every rank: remove the stale /dev/shm/psm_* segments a
                                   crashed container left, drop the page cache
-    lane_ctl.py status PLAN       JSON: units, container, started digest, workers, API; {} when the
-                                  lane is not placed (--local: this node only, no workers, no API request)
-    lane_ctl.py wait-ready PLAN   port open -> /health 200 -> a completion returns tokens
+    lane_ctl.py status PLAN       JSON: units, container, started digest, workers, API, the head's last
+                                  5 events; {} when the lane is not placed (--local: this node only,
+                                  no workers, no API request)
+    lane_ctl.py wait-ready PLAN [TIMEOUT]
+                                  head: port open -> /health 200 -> a completion returns tokens; says
+                                  the start's phase, read from vLLM's lines in the unit's journal
+                                  (a line when it changes, else one every 15 s)
     lane_ctl.py warmup PLAN       one throwaway request per workload shape, then mark the lane warm
     lane_ctl.py trial PLAN KNOB VALUE TIMEOUT
                                   head: one start of the lane with KNOB (an env variable, or a --flag
@@ -43,7 +51,8 @@ its parts (start order, watch, liveness, trials, status) cannot be modules of th
 PLAN is the rank's plan, ``/etc/sparkinfra/lanes/LANE.json`` (written by the deploy, the same path on
 every node): it names everything this runner touches (``sparkinfra.serving.RankPlan.runner_plan``):
 the lane's unit and the pattern of every lane's units, its env file, the folder of its runtime marks
-(``/run/sparkinfra/lanes/``: lost at reboot, as the lane is).
+(``/run/sparkinfra/lanes/``: lost at reboot, as the lane is), the head's restart history (kept over
+reboots).
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -206,11 +216,24 @@ def completion(p: dict, max_tokens: int = 1, timeout: float = 60, **extra) -> tu
 # ----------
 
 
-def stop_other_lanes(p: dict) -> None:
-    """Stop every other lane's units, here and on the workers."""
+def lane_of_unit(p: dict, unit: str) -> str:
+    """The lane whose unit is ``unit`` (the plan's ``lane_units`` pattern); '' when it is none."""
+    prefix, _, suffix = p["lane_units"].partition("*")
+    if unit.startswith(prefix) and unit.endswith(suffix) and len(unit) > len(prefix) + len(suffix):
+        return unit[len(prefix):len(unit) - len(suffix)]
+    return ""
+
+
+def stop_other_lanes(p: dict, why: str = "") -> None:
+    """Stop every other lane's units, here and on the workers; each one stopped here is left ``why``
+    (default: "lane <this> starts") as its stop's reason, which its ``post`` records."""
     others = other_lane_units(p)
     if others:
         say(f"stopping other lanes here: {' '.join(others)}")
+        for unit in others:
+            other = lane_of_unit(p, unit)
+            if other:
+                note_stop({**p, "lane": other}, why or f"lane {p['lane']} starts")
         sh("systemctl", "stop", *others, timeout=300)
     for worker in p["workers"]:
         listed = on_worker(worker["ip"], "systemctl", "list-units", "--plain", "--no-legend",
@@ -314,7 +337,12 @@ def check_every_rank(path: str, p: dict) -> str:
 
 def cmd_pre(path: str) -> int:
     p = plan(path)
+    # A stopper's note for a stop that never came (the unit was waiting to restart): not this start's.
+    mark(p, "stop-reason").unlink(missing_ok=True)
+    why = start_reason(p)
     back_off(p)
+    say(f"starting the lane: {why}")
+    record(p, "start", why)
     stop_other_lanes(p)
     failed = check_every_rank(path, p)
     if failed:
@@ -363,8 +391,33 @@ def cmd_stop(path: str) -> int:
 def cmd_post(path: str) -> int:
     p = plan(path)
     stop_workers(p, path)
-    count_stop(p, os.environ.get("SERVICE_RESULT", ""), os.environ.get("EXIT_STATUS", ""))
+    why, failed = count_stop(p, os.environ.get("SERVICE_RESULT", ""), os.environ.get("EXIT_STATUS", ""))
+    if not why:
+        shutting_down = sh("systemctl", "is-system-running").stdout.strip() == "stopping"
+        why = "the node shuts down" if shutting_down else "stopped on purpose"
+    record(p, "stop", why, failed=failed)
     return 0
+
+
+def cmd_restart(path: str, why: str) -> int:
+    """
+    A converge's restart of the lane (on the head): ``why`` kept as the reason of the start
+    ("a converge: WHY", the ``start-reason`` mark ``pre`` takes) and, when the unit runs, of its
+    stop ("a converge restarts it: WHY"); then ``systemctl restart``. Its exit status.
+    """
+    p = plan(path)
+    if p["rank"] != 0:
+        say("restart runs on the lane's head (rank 0), which restarts every rank")
+        return 2
+    Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
+    mark(p, "start-reason").write_text(f"a converge: {why}")
+    if unit_state(p["unit"]) in ("active", "activating", "reloading"):
+        note_stop(p, f"a converge restarts it: {why}")
+    done = sh("systemctl", "restart", p["unit"], timeout=None)
+    if done.returncode != 0:
+        mark(p, "start-reason").unlink(missing_ok=True)  # no start took it: not the next one's reason
+        print(done.stderr.strip() or f"systemctl restart {p['unit']}: exit {done.returncode}", file=sys.stderr)
+    return done.returncode
 
 
 # Restarts: counted, backed off, each with its reason
@@ -380,20 +433,23 @@ def note_stop(p: dict, why: str) -> None:
     mark(p, "stop-reason").write_text(why)
 
 
-def count_stop(p: dict, result: str, status: str) -> None:
+def count_stop(p: dict, result: str, status: str) -> tuple[str, bool]:
     """After the lane stopped: a failure (``result`` is systemd's ``SERVICE_RESULT``) counted in the
-    ``failures`` mark with its reason; a stop that was asked for clears the count."""
+    ``failures`` mark with its reason; a stop that was asked for clears the count. (The stop's
+    reason, whether it failed): the ``stop-reason`` mark (consumed), else systemd's words for a
+    failure, else '' (a stop asked for that left no reason)."""
     reason_mark = mark(p, "stop-reason")
     why = reason_mark.read_text().strip() if reason_mark.exists() else ""
     reason_mark.unlink(missing_ok=True)
     if result in ("", "success"):
         mark(p, "failures").unlink(missing_ok=True)
-        return
+        return why, False
     count = failures(p).get("count", 0) + 1
     why = why or f"rank 0 ended ({result}, status {status or '?'})"
     Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
     mark(p, "failures").write_text(json.dumps({"count": count, "reason": why, "at": time.time()}))
     say(f"the lane failed ({count} in a row): {why}")
+    return why, True
 
 
 def failures(p: dict) -> dict:
@@ -418,6 +474,117 @@ def back_off(p: dict) -> None:
         say(f"backing off {wait:.0f}s before the next start: {last['count']} failure(s) in a row, "
             f"the last: {last.get('reason', '?')}")
         time.sleep(wait)
+
+
+# The restart history (the head's): every start, ready and stop, with its reason
+# ------------------------------------------------------------------------------
+
+HISTORY_MAX = 200  # events kept: the oldest go
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # this boot's id: a start after a reboot is told by it
+UPTIME = "/proc/uptime"
+BOOT_WINDOW = 300  # seconds after boot within which a first start (no history yet) is the boot's
+
+
+def boot_id() -> str:
+    try:
+        return Path(BOOT_ID).read_text().strip()
+    except OSError:
+        return ""
+
+
+def uptime() -> float:
+    try:
+        return float(Path(UPTIME).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("inf")
+
+
+def events(p: dict, last: int = HISTORY_MAX) -> list[dict]:
+    """The last ``last`` events of the head's history (none on a worker, or before its first start)."""
+    path = p.get("history")
+    if not path or last <= 0:
+        return []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line no writer of ours left: skipped, not fatal
+        if isinstance(event, dict):
+            found.append(event)
+    return found[-last:]
+
+
+def record(p: dict, event: str, why: str, **extra) -> dict | None:
+    """
+    Append one event to the head's history (``{"at", "event", "why", "boot", "digest", ...extra}``,
+    one JSON line), keeping the last ``HISTORY_MAX``: written whole to a root-only file beside it,
+    then renamed over it (a crash never leaves half a history). Workers keep none. Never fails the
+    unit: a history that cannot be written is said, and the lane goes on.
+    """
+    path = p.get("history")
+    if not path:
+        return None
+    entry = {"at": round(time.time(), 1), "event": event, "why": why[:500], "boot": boot_id(),
+             "digest": p.get("digest", ""), **extra}
+    kept = [*events(p, HISTORY_MAX - 1), entry]
+    target = Path(path)
+    temp = target.with_name(target.name + ".new")
+    try:
+        write_private(temp, "".join(json.dumps(e, sort_keys=True) + "\n" for e in kept))
+        os.replace(temp, target)
+    except OSError as exc:
+        say(f"the lane's history was not written ({exc})")
+        return None
+    return entry
+
+
+def start_reason(p: dict) -> str:
+    """
+    Why the head's unit is starting, the first that holds of:
+
+    - the ``start-reason`` mark a converge left (``restart``): "a converge: WHY" (consumed);
+    - the last event recorded, in this boot, is a failed stop: systemd's ``Restart=always`` starts
+      it again, "after a failure: <that stop's reason>";
+    - the last event was recorded in another boot; or, with no history at all, the node has been up
+      less than ``BOOT_WINDOW`` seconds (the unit is enabled at boot, and a converge's first start
+      always leaves its mark): "boot (the node restarted)";
+    - else nothing of ours started it: "started by hand (systemctl)".
+    """
+    found = mark(p, "start-reason")
+    if found.exists():
+        why = found.read_text().strip()
+        found.unlink(missing_ok=True)
+        if why:
+            return why
+    history = events(p, 1)
+    last = history[-1] if history else None
+    boot = boot_id()
+    if last and last.get("boot") == boot and last.get("event") == "stop" and last.get("failed"):
+        return f"after a failure: {last.get('why') or '?'}"
+    if (last and last.get("boot") != boot) or (last is None and uptime() < BOOT_WINDOW):
+        return "boot (the node restarted)"
+    return "started by hand (systemctl)"
+
+
+def seconds_since_start(p: dict, fallback: float) -> int:
+    """Seconds since the last start recorded in this boot (else since the monotonic ``fallback``)."""
+    start = next((e for e in reversed(events(p, 20)) if e.get("event") == "start"), None)
+    if start and start.get("boot") == boot_id() and isinstance(start.get("at"), (int, float)):
+        return round(time.time() - start["at"])
+    return round(time.monotonic() - fallback)
+
+
+def cmd_history(path: str, count: int = 20) -> int:
+    """The head's last ``count`` events, one JSON object a line (nothing on a worker)."""
+    if Path(path).exists():
+        for event in events(plan(path), count):
+            print(json.dumps(event, sort_keys=True), flush=True)
+    return 0
 
 
 # Memory hygiene around a start (seed 001, a3refaat's notes)
@@ -656,6 +823,7 @@ def watch_head(p: dict, path: str, child: subprocess.Popen) -> int:
             ready = request(p, "/health", timeout=5)[0] == 200
             if ready:
                 mark(p, "failures").unlink(missing_ok=True)  # serving: the next failure backs off from zero
+                record(p, "ready", "its API answers /health", seconds=seconds_since_start(p, started))
                 warm(p)  # after any (re)start, also one nobody asked for: JIT costs stay out of use
             continue
         if lost_since or now - last_live >= p["liveness_interval"]:
@@ -705,6 +873,8 @@ def cmd_status(path: str, probe: bool = True) -> int:
     status["age"] = round(time.time() - marks["started"]["at"]) if "started" in marks else None
     stamp = marks.get("started", {}).get("api_key")
     status["api_key"] = None if not stamp else "current" if key_stamp(p, stamp["key"]) == stamp else "changed"
+    if p["rank"] == 0:
+        status["history"] = events(p, 5)
     if p["rank"] == 0 and probe:
         status["workers"] = {w["ip"]: unit_state_remote(w["ip"], p) for w in p["workers"]}
         status["failures"] = failures(p) or None
@@ -722,11 +892,76 @@ def restarts(unit: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
+# A start's phases, named from vLLM's own lines (the patterns of ``sparkinfra/vllm_log.py``; each one
+# matches a line of the real logs in tests/unit/fixtures/vllm_logs/, which the unit tests check).
+# In the order a start goes through them: a later phase's line moves the phase on, never back.
+PHASES = (
+    ("starting the engine", (r"Initializing an? (?:V\d )?LLM engine",)),
+    ("loading weights", (r"Starting to load model", r"Loading safetensors checkpoint shards")),
+    ("compiling (torch.compile), profiling memory", (r"Loading weights took", r"Model loading took")),
+    ("KV cache sized: warming up (graph capture on a GPU)", (r"Available KV cache memory", r"KV cache size: [\d,]+ tokens",
+                                            r"GiB for KV cache on node")),
+    ("starting the API server", (r"Graph capturing finished",
+                                 r"init engine \(profile, create kv cache, warmup model\) took",
+                                 r"Starting vLLM (?:API )?server")),
+    ("first completion", (r"Application startup complete",)),
+)
+PHASE_PATTERNS = [(name, re.compile("|".join(alternatives))) for name, alternatives in PHASES]
+SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+\d+% Completed \| (\d+/\d+)")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+NOTE_EVERY = 15  # seconds between two lines of the same phase
+
+
+class Journal:
+    """The journal of a unit's current start (its invocation), read a little at a time: each ``new()``
+    returns only the lines logged since the last one (journalctl's cursor)."""
+
+    def __init__(self, unit: str) -> None:
+        self.unit, self.invocation, self.cursor = unit, "", ""
+
+    def new(self) -> list[str]:
+        invocation = sh("systemctl", "show", "-p", "InvocationID", "--value", self.unit).stdout.strip()
+        if not invocation:
+            return []
+        if invocation != self.invocation:  # another start: read it from its beginning
+            self.invocation, self.cursor = invocation, ""
+        args = ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "-q", "--no-pager",
+                "--show-cursor", *([f"--after-cursor={self.cursor}"] if self.cursor else [])]
+        lines = []
+        for line in sh(*args, timeout=30).stdout.splitlines():
+            if line.startswith("-- cursor: "):
+                self.cursor = line[len("-- cursor: "):].strip()
+            else:
+                lines.append(line)
+        return lines
+
+
+def phase_of(lines: list[str], phase: int, detail: str = "") -> tuple[int, str]:
+    """(index in ``PHASES``, detail) after ``lines``, from (``phase``, ``detail``); -1: no vLLM line yet.
+    The detail is the weights' shard count while they load."""
+    for line in lines:
+        for part in ANSI.sub("", line).split("\r"):  # a progress bar's updates, one line
+            for index, (_, pattern) in enumerate(PHASE_PATTERNS):
+                if index > phase and pattern.search(part):
+                    phase, detail = index, ""
+            shards = SHARDS.search(part)
+            if shards and phase <= 1:
+                phase, detail = 1, f"{shards[1]} shards"
+    return phase, detail
+
+
 def cmd_wait_ready(path: str, timeout: float) -> int:
+    """
+    Wait until the head's lane completes a request: its port, then /health, then a completion.
+    Says the start's phase read from vLLM's lines in the unit's journal (``PHASES``): a line when
+    the phase changes, else one every ``NOTE_EVERY`` seconds. Fails (with the unit's last lines)
+    when the unit fails or restarts, or after ``timeout`` seconds.
+    """
     p = plan(path)
     lane, unit = p["lane"], p["unit"]
     started, baseline = time.monotonic(), None
-    stage, last_note = "port", 0.0
+    stage, said, last_note = "port", "", 0.0
+    journal, phase, detail = Journal(unit), -1, ""
     while True:
         elapsed = time.monotonic() - started
         state = unit_state(unit)
@@ -737,21 +972,26 @@ def cmd_wait_ready(path: str, timeout: float) -> int:
             log = sh("journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat").stdout
             print(f"lane {lane}: {what} after {elapsed:.0f}s; its last lines:\n{log}", file=sys.stderr)
             return 1
+        phase, detail = phase_of(journal.new(), phase, detail)
         if stage == "port" and port_open(p):
             stage = "health"
         if stage == "health" and request(p, "/health", timeout=5)[0] == 200:
-            stage = "completion"
+            stage, phase, detail = "completion", len(PHASES) - 1, ""
         if stage == "completion":
-            ok, detail = completion(p, max_tokens=8, timeout=120)
+            ok, answer = completion(p, max_tokens=8, timeout=120)
             if ok:
-                print(f"lane {lane}: ready in {elapsed:.0f}s ({detail})", flush=True)
+                print(f"lane {lane}: ready in {elapsed:.0f}s ({answer})", flush=True)
                 return 0
+        name = PHASES[phase][0] if phase >= 0 else (
+            "before the start: container checks, the workers" if state == "activating" else "starting vLLM")
         if elapsed > timeout:
-            print(f"lane {lane}: not ready after {timeout:.0f}s (waiting for {stage})", file=sys.stderr)
+            print(f"lane {lane}: not ready after {timeout:.0f}s (waiting for {stage}; its phase: {name})",
+                  file=sys.stderr)
             return 1
-        if elapsed - last_note >= 15:
-            print(f"lane {lane}: waiting for {stage}, {elapsed:.0f}s elapsed", flush=True)
-            last_note = elapsed
+        if name != said or elapsed - last_note >= NOTE_EVERY:
+            print(f"lane {lane}: {name}" + (f" ({detail})" if detail else "") + f", {elapsed:.0f}s elapsed",
+                  flush=True)
+            said, last_note = name, elapsed
         time.sleep(2)
 
 
@@ -840,8 +1080,10 @@ def cmd_trial(path: str, knob: str, value: str, timeout: float) -> int:
     """One start with the knob at ``value``; prints each rank's log under a ``=== rank N`` line."""
     p = plan(path)
     name = trial_name(p)
+    if unit_state(p["unit"]) in ("active", "activating", "reloading"):
+        note_stop(p, f"a trial of {knob}={value} stops it")
     sh("systemctl", "stop", p["unit"], timeout=300)  # its ExecStopPost stops the workers
-    stop_other_lanes(p)
+    stop_other_lanes(p, f"a trial of lane {p['lane']} starts")
     for worker in p["workers"]:
         on_worker(worker["ip"], "systemctl", "stop", p["unit"], timeout=300)
     began, verdict = time.monotonic(), "timeout"
@@ -905,6 +1147,10 @@ def main(argv: list[str]) -> int:
         return cmd_check(path)
     if command == "copies":
         return cmd_copies(path)
+    if command == "restart" and len(argv) == 3:
+        return cmd_restart(path, argv[2])
+    if command == "history" and (len(argv) == 2 or (len(argv) == 3 and argv[2].isdigit())):
+        return cmd_history(path, int(argv[2]) if len(argv) == 3 else 20)
     if command == "status":
         return cmd_status(path, probe="--local" not in argv[2:])
     if command == "wait-ready":

@@ -2,7 +2,9 @@
 # Run as root on a worker (sent by stage_head.sh through the SSH mesh, read from stdin):
 # fetch the head's manifest from its rsync daemon, drop what cannot be resumed, pull what is
 # missing or short in parallel streams (resumed with --append-verify), then record this copy's
-# own manifest. Prints its progress every PROGRESS_EVERY seconds (default 5).
+# own manifest. Prints its progress every PROGRESS_EVERY seconds (default 5), then what it pulled:
+#   spark-2: 91 of 192 MiB, 18 MiB/s, ETA 5 s
+#   spark-2: 192 MiB in 10 s, 19 MiB/s
 #
 #   stage_pull.sh REPO SOURCE STREAMS DEEP MANIFEST TOOL
 #
@@ -39,7 +41,7 @@ start=$(du -sb "$repo" | cut -f1); t0=$(date +%s)
         echo "$(hostname): $((d >> 20)) of $((need >> 20)) MiB, $((r >> 20)) MiB/s, ETA $(( r > 0 ? left / r : 0 )) s"
     done
 ) & progress=$!
-trap 'kill $progress 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $progress 2>/dev/null || true; rm -rf "$work"' EXIT
 
 pids=
 for list in "$work"/list.*; do
@@ -49,5 +51,8 @@ for list in "$work"/list.*; do
 done
 rc=0
 for p in $pids; do wait "$p" || rc=1; done
+kill $progress 2>/dev/null; wait $progress || true  # no progress line after the last one
 if [ $rc != 0 ]; then cat "$work"/list.*.log >&2; exit $rc; fi
+d=$(( $(du -sb "$repo" | cut -f1) - start )); s=$(( $(date +%s) - t0 ))
 python3 "$work/tool.py" adopt "$repo" "$work/manifest.json" "$work" > /dev/null
+echo "$(hostname): $((d >> 20)) MiB in $s s, $(( d / (s > 0 ? s : 1) >> 20 )) MiB/s"

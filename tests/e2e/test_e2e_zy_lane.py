@@ -96,6 +96,16 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     assert bed.node("spark-2", "test -e /var/lib/sparkinfra/images", check=False).returncode == 1
     reply = _assert_serving(bed)
     print(f"first serve converge: {seconds:.0f}s; completion: {reply['choices'][0]['message']['content']!r}")
+    # Progress at pyinfra's default verbosity (issue 20): the lane's start, phase by phase from vLLM's log.
+    progress = [line for line in first.stderr.splitlines() if PROGRESS.search(line)]
+    print("\n".join(progress))
+    assert re.search(r"^\[spark-1\] lane sim: starting the engine, \d+s elapsed$", first.stderr, re.M), first.stderr[-3000:]
+    assert re.search(r"^\[spark-1\] lane sim: ready in \d+s \(\d+ completion tokens\)$", first.stderr, re.M), first.stderr[-3000:]
+    # ... and the stage's: the recipe's build, the download, the image stream and the worker's pull.
+    ref = re.escape(_lane_image("sim"))
+    for said in (rf"build {ref}: built in \d+ s", r"download sparkbed/tiny-llama: \d+ MiB in \d+ s",
+                 rf"image {ref}: \d+ MiB to spark-2 in \d+ s, \d+ MiB/s", r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"):
+        assert re.search(rf"^\[spark-1\] {said}$", first.stderr, re.M), (said, progress)
     worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
     assert "--headless" in worker["Config"]["Cmd"] and "--node-rank" in worker["Config"]["Cmd"]
     logs = bed.node("spark-2", f"docker logs {CONTAINER} 2>&1").stdout
@@ -117,10 +127,16 @@ def _journal(bed, node, lane, since=None):
     return bed.node(node, f"journalctl _SYSTEMD_INVOCATION_ID={run} -o cat --no-pager").stdout
 
 
+# The long steps' progress lines (the download, staging, the image stream and build, a lane's start)
+PROGRESS = re.compile(r"^\[spark-\d\] (lane \w[\w.-]*: |download |image |build |spark-\d: .*MiB)")
+
+
 def test_second_converge_changes_nothing(serving):
     bed, _, _ = serving
     run = bed.converge(INV, "deploys/serve.py")
     assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
+    said = [line for line in run.stderr.splitlines() if PROGRESS.search(line)]
+    assert not said, f"a no-op converge printed progress: {said}"
 
 
 def test_a_no_op_serve_reads_each_fact_once_per_node(serving):
@@ -132,6 +148,37 @@ def test_a_no_op_serve_reads_each_fact_once_per_node(serving):
 def test_verify_passes(serving):
     bed, _, _ = serving
     _verify_ok(bed)
+
+
+def _operator(bed, tool, *args, timeout=120):
+    """``python -m sparkinfra.<tool> inventory/sim.py ARGS`` from the controller."""
+    return bed.controller(sys.executable, "-m", f"sparkinfra.{tool}", INV, *args, timeout=timeout)
+
+
+def test_status_shows_both_ranks_serving_and_its_json_round_trips(serving):
+    """The operator's view (issue 20): both ranks, the lane and plan, the API's latency; exit 0."""
+    bed, _, _ = serving
+    started = time.monotonic()
+    shown = _operator(bed, "status")
+    seconds = time.monotonic() - started
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    out = shown.stdout
+    print(f"status: {seconds:.2f}s\n{out}")
+    assert re.search(r"^cluster sim: lane sim, plan [0-9a-f]{16}: serving$", out, re.M), out
+    assert re.search(r"/health 200, a one-token completion in \d+\.\d+s", out), out
+    for node, rank, address in (("spark-1", 0, "10.213.1.1/24"), ("spark-2", 1, "10.213.1.2/24")):
+        assert re.search(rf"^  {node}\s+{rank}\s+active/running\s.*match\s+up 4200 {re.escape(address)}\s+[35]\b", out, re.M), out
+    as_json = _operator(bed, "status", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert json.loads(json.dumps(data)) == data and data["ok"] is True
+    (cluster,) = data["clusters"]
+    assert cluster["serving"] and cluster["problems"] == [] and cluster["lane"] == "sim"
+    assert [n["rank"] for n in cluster["nodes"]] == [0, 1]
+    assert {n["gid_index"] for n in cluster["nodes"]} == {"3", "5"}  # the bed's per-node GID rows, as a Spark's
+    assert all(n["image_matches_head"] and n["started"] == cluster["digest"] for n in cluster["nodes"])
+    assert cluster["history"] and cluster["history"][-1]["event"] in ("ready", "start"), cluster["history"]
+    assert any(e["why"].startswith("a converge") for e in cluster["history"] if e["event"] == "start"), cluster["history"]
 
 
 def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
@@ -164,9 +211,34 @@ def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
 
 
 def test_head_watch_restarts_the_lane_without_a_converge(serving):
-    """A dead worker is noticed by the head's unit itself (no controller): the lane restarts as a whole."""
+    """A dead worker is noticed by the head's unit itself (no controller): the lane restarts as a
+    whole. ``logs --follow`` shows both ranks' lines during the restart, and ``status`` shows the
+    restart with its reason."""
     bed, _, _ = serving
-    _killed_worker_comes_back(bed)
+    follow = subprocess.Popen(
+        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra.logs", INV, "--follow", "--lines", "0"],
+        cwd=Path(__file__).resolve().parents[2], env=simbed.controller_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _killed_worker_comes_back(bed)
+    finally:
+        follow.terminate()
+        followed, errors = follow.communicate(timeout=30)
+    for rank, node in ((0, "spark-1"), (1, "spark-2")):
+        assert re.search(rf"^\S+ \S+ {node} rank {rank} \| .*lane: page-cache dropper: every", followed, re.M), (
+            f"no start line of rank {rank} in logs --follow:\n{followed[-3000:]}\n{errors[-1000:]}")
+    assert "rank 1 on 10.213.1.2 is not running" in followed, followed[-3000:]
+    stamps = re.findall(r"^(\S+ \S+) ", followed, re.M)
+    assert stamps == sorted(stamps), "logs --follow is not in time order"
+    shown = _operator(bed, "status", "--json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    history = json.loads(shown.stdout)["clusters"][0]["history"]
+    stops = [e for e in history if e["event"] == "stop"]
+    assert stops and "rank 1 on 10.213.1.2 is not running" in stops[-1]["why"] and stops[-1]["failed"], history
+    starts = [e for e in history if e["event"] == "start"]
+    assert starts and starts[-1]["why"].startswith("after a failure: rank 1 on 10.213.1.2 is not running"), history
+    assert "after a failure: rank 1 on 10.213.1.2 is not running" in _operator(bed, "status").stdout
 
 
 def _restarts(bed, node="spark-1", lane="sim"):
@@ -552,6 +624,15 @@ def test_teardown_stops_every_lane_and_keeps_image_and_weights(serving):
         assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
     again = bed.converge(INV, "deploys/teardown.py")
     assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
+    shown = _operator(bed, "status")
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "cluster sim: lane sim, plan" in shown.stdout and "NOT serving what its settings name" in shown.stdout
+    for node, rank in (("spark-1", 0), ("spark-2", 1)):
+        assert f"{node} (rank {rank}): sparkinfra-lane-sim.service is not installed" in shown.stdout, shown.stdout
+    assert "/health no answer" in shown.stdout, shown.stdout
+    history = json.loads(_operator(bed, "status", "--json").stdout)["clusters"][0]["history"]
+    assert history[-1]["event"] == "stop" and history[-1]["why"] == "a teardown stops it", history
+    assert not history[-1]["failed"], history
     # deploys/serve.py after it moves neither image nor weights: after the full teardown below.
 
 

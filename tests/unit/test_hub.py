@@ -317,6 +317,21 @@ def test_resolve_headers_ranges_and_errors(start):
     assert (status, headers["X-Error-Code"]) == (404, "RepoNotFound")
 
 
+@pytest.mark.parametrize("flag", ["true", "True"])  # httpx (huggingface_hub 1.x and later), requests (0.x)
+def test_model_info_with_files_metadata_gives_each_files_size(start, flag):
+    """What a download asks first for the revision's size: ``model_info(files_metadata=True)``."""
+    endpoint = start(token=TOKEN)
+    status, _, body = request(endpoint, "GET", f"/api/models/{REPO}/revision/{SHA}?blobs={flag}")
+    siblings = {s["rfilename"]: s for s in json.loads(body)["siblings"]}
+    assert status == 200 and {rel: s["size"] for rel, s in siblings.items()} == {k: len(v) for k, v in FILES.items()}
+    assert siblings["config.json"]["blobId"] == git_blob_sha1(FILES["config.json"])
+    _, _, body = request(endpoint, "GET", f"/api/models/{REPO}/revision/{SHA}")
+    assert all("size" not in s for s in json.loads(body)["siblings"])
+    status, _, _ = request(endpoint, "GET", f"/api/models/{REPO}/revision/{SHA}?blobs={flag}",
+                           {"Authorization": "Bearer hf_wrong_token_987"})
+    assert status == 401  # the same gate as every request
+
+
 def test_command_line_serves_until_sigterm(root, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
-from pyinfra.api import FileUploadCommand, OperationError
+from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError
 from pyinfra.context import ctx_host, ctx_state
 
 from sparkinfra import lanes, scripts
@@ -27,6 +29,12 @@ from test_operations import FakeHost, rendered
 from test_stage import stubs
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def shown_command(command):
+    """The command ``progress.shown`` wraps (its output printed as it comes): it must be one."""
+    assert isinstance(command, FunctionCommand) and command.function.__name__.startswith("shown("), command
+    return command.command
 BED = REPO / "images/sparkbed-lane"
 
 
@@ -171,6 +179,65 @@ def test_a_dockerfile_recipe_is_built_from_its_files_with_its_build_args(tmp_pat
     assert (node / "files/D").read_text() == "FROM b\n" and not (tmp_path / "recipe.tar").exists()
 
 
+# A build's progress: its output goes to the log, the screen gets one line a period at most, naming
+# the step it is at (stand-in docker builds printing BuildKit's plain lines, slowly).
+SLOW_BUILD = """
+[ "$1" = build ] || exit 2
+echo '#1 [internal] load build definition from D'
+sleep 1.3
+echo '#5 [2/3] RUN make'
+i=0; while [ $i -lt 200 ]; do echo "#5 0.$i compiling part $i"; i=$((i + 1)); done
+sleep 2.6
+echo '#6 [3/3] COPY out /'
+sleep 1.3
+{fail}
+"""
+STEP = r"build sparkinfra/r:abc: (\d+) s(?:, (.+))?"
+
+
+def _slow_build(tmp_path: Path, fail: str = "") -> tuple[subprocess.CompletedProcess, list[tuple[float, str]], float]:
+    """The build of a dockerfile recipe against ``SLOW_BUILD``, PROGRESS_EVERY=1: (process, (time, line) of
+    each line of its stdout, seconds it took)."""
+    folder = _recipe(tmp_path, "dockerfile: D\n", D="FROM b\n")
+    tarball = tmp_path / "recipe.tar"
+    tarball.write_bytes(images.recipe_tarball(folder))
+    env = {**stubs(tmp_path, docker=SLOW_BUILD.format(fail=fail)), "PROGRESS_EVERY": "1"}
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        ["sh", "-c", scripts.text("image_build.sh"), "image_build.sh", "sparkinfra/r:abc", str(tmp_path / "node"),
+         str(tarball), "dockerfile", "D"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = [(time.monotonic() - began, line.rstrip("\n")) for line in proc.stdout]
+    proc.stderr_text = proc.stderr.read()
+    proc.wait(timeout=30)
+    return proc, lines, time.monotonic() - began
+
+
+def test_a_build_shows_its_step_at_most_once_a_period_and_its_time(tmp_path):
+    proc, lines, took = _slow_build(tmp_path)
+    assert proc.returncode == 0, proc.stderr_text
+    *progress, (_, last) = lines
+    assert re.fullmatch(r"build sparkinfra/r:abc: built in (\d+) s", last) and 3 <= int(last.split()[-2]) <= took + 1
+    steps = [re.fullmatch(STEP, line) for _, line in progress]
+    assert all(steps), progress
+    assert len(progress) <= took + 1 and all(b - a > 0.5 for (a, _), (b, _) in zip(progress, progress[1:])), progress
+    named = [m[2] for m in steps]
+    assert "[2/3] RUN make" in named and named[-1] == "[3/3] COPY out /", named
+    assert named == sorted(set(named), key=named.index), "a step repeated within six periods"  # [2/3]: 2.6 s
+    assert not any("compiling" in line for _, line in lines)  # the build's own output stays in the log
+    assert "#5 0.199 compiling part 199" in (tmp_path / "node/build.log").read_text()
+
+
+def test_a_failed_build_shows_the_end_of_its_log(tmp_path):
+    proc, lines, _ = _slow_build(tmp_path, fail="echo 'ERROR: failed to solve: exit code: 2' >&2; exit 1")
+    assert proc.returncode == 1
+    err = proc.stderr_text.splitlines()
+    assert err[-2] == "ERROR: failed to solve: exit code: 2" and len(err) == 41, err
+    assert err[0] == "#5 0.162 compiling part 162"  # the log's last 40 lines, then what failed
+    assert err[-1] == (f"image_build sparkinfra/r:abc: docker build failed (the last lines of its log are above, "
+                       f"all of it is in {tmp_path}/node/build.log)")
+    assert not any("built in" in line for _, line in lines)
+
+
 @pytest.fixture
 def build_repo(tmp_path):
     """A local git repository with a build script that makes the image ``made:1``."""
@@ -201,11 +268,13 @@ def test_a_repository_recipe_builds_the_pinned_commit_patched_by_its_script(tmp_
     assert args == ["repository", f"file://{repo}", commit, "made:1", "1", "fix.patch", "./build.sh", "--x"]
     proc, log = _build(tmp_path, folder, *args)
     assert proc.returncode == 0, proc.stderr
-    assert "built v1-patched with --x" in proc.stdout
+    build_log = tmp_path / "node/build.log"  # the script's output, kept; not on the screen
+    assert "built v1-patched with --x" in build_log.read_text() and "built v1" not in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("build sparkinfra/r:abc: built in ")
     assert log.splitlines()[-1] == "docker tag made:1 sparkinfra/r:abc"
     # Again: the checkout is reused (no fetch), reset to the commit and patched once more.
     proc, _ = _build(tmp_path, folder, *args)
-    assert proc.returncode == 0 and "built v1-patched with --x" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "built v1-patched with --x" in build_log.read_text(), proc.stderr
 
 
 @pytest.mark.parametrize("fault, expected", [
@@ -238,6 +307,7 @@ def test_image_built_builds_only_a_missing_tag():
         assert rendered(install) == f"install -d -m 700 /run/sparkinfra {images.NODE_DIR}/sparkbed-lane"
         assert isinstance(upload, FileUploadCommand) and upload.dest == "/run/sparkinfra/recipe-sparkbed-lane.tar"
         assert upload.src.getvalue() == images.recipe_tarball(BED)
+        build = shown_command(build)  # its progress lines printed as they come
         assert rendered(build).startswith("sh -c ")
         assert rendered(build).endswith(
             f"image_build.sh {image.ref} {images.NODE_DIR}/sparkbed-lane /run/sparkinfra/recipe-sparkbed-lane.tar "
@@ -279,7 +349,7 @@ def fan_out(*workers: FakeHost, head: FakeHost | None = None) -> tuple[list[str]
                 image=IMAGE, workers=[(w, f"10.213.1.{i}") for i, w in enumerate(workers, 2)]))
         except OperationError as refusal:  # caught inside: pyinfra's ``use`` restores nothing on an error
             return [], head.noops, str(refusal)
-    return [rendered(c) for c in commands], head.noops, ""
+    return [rendered(shown_command(c)) for c in commands], head.noops, ""
 
 
 def worker(name: str, image_id: str | None) -> FakeHost:

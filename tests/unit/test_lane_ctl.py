@@ -5,9 +5,11 @@ from __future__ import annotations
 import http.server
 import importlib.util
 import json
+import re
 import stat
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -418,3 +420,271 @@ def test_a_changed_api_key_is_told_by_a_stamp_kept_root_only(ctl):
     key_file.write_text("VLLM_API_KEY=sk-two\n")
     assert ctl.key_stamp(p, stamp["key"]) != stamp
     assert ctl.key_stamp({**p, "api_key_file": ""}) is None
+
+
+# The restart history (issue 20): every start, ready and stop of the lane, with its reason
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def booted(ctl, monkeypatch):
+    """This boot's id and uptime, as lane_ctl reads them (``booted["id"]``, ``booted["uptime"]``)."""
+    boot, up = ctl.tmp / "boot_id", ctl.tmp / "uptime"
+    monkeypatch.setattr(ctl, "BOOT_ID", str(boot))
+    monkeypatch.setattr(ctl, "UPTIME", str(up))
+
+    class Booted(dict):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            (boot if key == "id" else up).write_text(f"{value}\n" if key == "id" else f"{value} 100.00\n")
+
+    state = Booted()
+    state["id"], state["uptime"] = "boot-1", 5000.0
+    return state
+
+
+def _historian(ctl, **extra):
+    return {**_head(ctl), "lane_units": "sparkinfra-lane-*.service", "digest": "d1",
+            "history": str(ctl.tmp / "state" / "sim.history"), **extra}
+
+
+def _history(p) -> list[dict]:
+    return [json.loads(line) for line in open(p["history"]).read().splitlines()]
+
+
+def test_the_history_keeps_the_last_200_events_root_only(ctl, booted):
+    p = _historian(ctl)
+    for i in range(201):
+        ctl.record(p, "start", f"start #{i}")
+    lines = open(p["history"]).read().splitlines()
+    assert len(lines) == ctl.HISTORY_MAX == 200
+    assert json.loads(lines[0])["why"] == "start #1" and json.loads(lines[-1])["why"] == "start #200"
+    assert stat.S_IMODE((ctl.tmp / "state" / "sim.history").stat().st_mode) == 0o600
+    assert sorted(f.name for f in (ctl.tmp / "state").iterdir()) == ["sim.history"]  # no temp file left
+    last = json.loads(lines[-1])
+    assert last["event"] == "start" and last["boot"] == "boot-1" and last["digest"] == "d1"
+    assert [e["why"] for e in ctl.events(p, 2)] == ["start #199", "start #200"]
+
+
+def test_a_worker_keeps_no_history(ctl, booted):
+    p = _historian(ctl, history="", rank=1)
+    assert ctl.record(p, "start", "x") is None and ctl.events(p) == []
+    assert not (ctl.tmp / "state").exists()
+
+
+def test_each_start_reason(ctl, booted):
+    p = _historian(ctl)
+    booted["uptime"] = 60.0  # no history, the node up a minute: the boot started it
+    assert ctl.start_reason(p) == "boot (the node restarted)"
+    booted["uptime"] = 5000.0  # no history, long after boot: nothing of ours started it
+    assert ctl.start_reason(p) == "started by hand (systemctl)"
+    ctl.record(p, "stop", "rank 1 on 10.0.0.2 is not running", failed=True)
+    assert ctl.start_reason(p) == "after a failure: rank 1 on 10.0.0.2 is not running"
+    ctl.note_stop(p, "unused")  # (another mark: not a start's reason)
+    ctl.mark(p, "start-reason").write_text("a converge: its plan changed")
+    assert ctl.start_reason(p) == "a converge: its plan changed"  # the converge's word first...
+    assert not ctl.mark(p, "start-reason").exists()  # ...taken once
+    booted["id"] = "boot-2"  # the failed stop was in the last boot: the boot started this one
+    assert ctl.start_reason(p) == "boot (the node restarted)"
+    ctl.record(p, "stop", "stopped on purpose", failed=False)
+    assert ctl.start_reason(p) == "started by hand (systemctl)"
+    ctl.record(p, "start", "started by hand (systemctl)")
+    booted["id"] = "boot-3"
+    assert ctl.start_reason(p) == "boot (the node restarted)"
+
+
+def _placed(ctl, p) -> str:
+    path = ctl.tmp / "sim.json"
+    path.write_text(json.dumps(p))
+    return str(path)
+
+
+def test_a_failed_stop_then_the_start_it_causes(ctl, booted, monkeypatch):
+    """post records the failed stop with the watch's reason; the next pre (systemd's restart) says so."""
+    p = _historian(ctl)
+    path = _placed(ctl, p)
+    monkeypatch.setattr(ctl, "stop_workers", lambda p, path: None)
+    monkeypatch.setattr(ctl, "sh", lambda *a, **k: subprocess.CompletedProcess(a, 0, "running\n", ""))
+    monkeypatch.setenv("SERVICE_RESULT", "exit-code")
+    monkeypatch.setenv("EXIT_STATUS", "1")
+    ctl.note_stop(p, "the API stopped completing (HTTP 0: timed out)")
+    assert ctl.cmd_post(path) == 0
+    monkeypatch.setattr(ctl.time, "sleep", lambda s: None)  # the back-off
+    monkeypatch.setattr(ctl, "stop_other_lanes", lambda p: None)
+    monkeypatch.setattr(ctl, "check_every_rank", lambda path, p: "")
+    monkeypatch.setattr(ctl, "on_workers", lambda workers, *a, timeout=30: [subprocess.CompletedProcess(a, 0, "", "")])
+    assert ctl.cmd_pre(path) == 0
+    stop, start = _history(p)
+    assert (stop["event"], stop["why"], stop["failed"]) == ("stop", "the API stopped completing (HTTP 0: timed out)", True)
+    assert (start["event"], start["why"]) == ("start", "after a failure: the API stopped completing (HTTP 0: timed out)")
+    monkeypatch.setenv("SERVICE_RESULT", "success")
+    assert ctl.cmd_post(path) == 0  # a stop asked for, no reason left: on purpose
+    assert _history(p)[-1]["why"] == "stopped on purpose" and _history(p)[-1]["failed"] is False
+
+
+def test_the_restart_verb_leaves_both_reasons(ctl, booted, monkeypatch):
+    p = _historian(ctl)
+    path = _placed(ctl, p)
+    ran, answers = [], {"is-active": "active\n", "restart": ""}
+
+    def sh(*args, **kwargs):
+        ran.append(args)
+        return subprocess.CompletedProcess(args, 1 if answers.get("fails") and args[1] == "restart" else 0,
+                                           answers.get(args[1], ""), "")
+
+    monkeypatch.setattr(ctl, "sh", sh)
+    assert ctl.main(["restart", path, "its plan changed; its API key changed"]) == 0
+    assert ("systemctl", "restart", "sparkinfra-lane-sim.service") in ran
+    assert ctl.mark(p, "start-reason").read_text() == "a converge: its plan changed; its API key changed"
+    assert ctl.mark(p, "stop-reason").read_text() == "a converge restarts it: its plan changed; its API key changed"
+    monkeypatch.setattr(ctl, "stop_workers", lambda p, path: None)
+    monkeypatch.setenv("SERVICE_RESULT", "success")
+    ctl.cmd_post(path)  # what systemd's restart runs: the stop, then the start
+    assert ctl.start_reason(p) == "a converge: its plan changed; its API key changed"
+    assert (_history(p)[-1]["why"], _history(p)[-1]["failed"]) == ("a converge restarts it: its plan changed; its "
+                                                                    "API key changed", False)
+    answers.update({"is-active": "failed\n", "fails": True})  # not running: no stop to explain; failed: no mark
+    assert ctl.cmd_restart(path, "its unit is failed") == 1
+    assert not ctl.mark(p, "stop-reason").exists() and not ctl.mark(p, "start-reason").exists()
+    assert ctl.main(["restart", _placed(ctl, {**p, "rank": 1}), "x"]) == 2  # the head's verb
+
+
+def test_a_lane_stopped_for_another_is_told_why(ctl, monkeypatch):
+    p = {**_historian(ctl), "workers": []}
+    monkeypatch.setattr(ctl, "other_lane_units", lambda p: ["sparkinfra-lane-sim-b.service"])
+    stopped = []
+    monkeypatch.setattr(ctl, "sh", lambda *a, **k: stopped.append(a) or subprocess.CompletedProcess(a, 0, "", ""))
+    monkeypatch.setattr(ctl, "say", lambda line: None)
+    ctl.stop_other_lanes(p)
+    assert (ctl.tmp / "marks" / "sim-b.stop-reason").read_text() == "lane sim starts"
+    assert stopped == [("systemctl", "stop", "sparkinfra-lane-sim-b.service")]
+    assert ctl.lane_of_unit(p, "sparkinfra-lane-pair-a.v1.service") == "pair-a.v1"
+    assert ctl.lane_of_unit(p, "docker.service") == ""
+
+
+def test_the_first_health_answer_is_recorded_as_ready(ctl, booted, monkeypatch):
+    p = _historian(ctl)
+    ctl.record(p, "start", "a converge: its plan changed")
+    _watch(ctl, monkeypatch, p, [FINE], [(True, "1 completion tokens")] * 3, ends=3)
+    start, ready = _history(p)
+    assert ready["event"] == "ready" and ready["why"] == "its API answers /health"
+    assert 0 <= ready["seconds"] <= 5
+
+
+def test_status_and_history_show_the_last_events(ctl, booted, monkeypatch, capsys):
+    p = _historian(ctl)
+    path = _placed(ctl, p)
+    for i in range(7):
+        ctl.record(p, "start" if i % 2 else "stop", f"#{i}")
+    monkeypatch.setattr(ctl, "sh", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    assert ctl.main(["status", path, "--local"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert [e["why"] for e in status["history"]] == ["#2", "#3", "#4", "#5", "#6"]
+    assert ctl.main(["history", path, "3"]) == 0
+    assert [json.loads(line)["why"] for line in capsys.readouterr().out.splitlines()] == ["#4", "#5", "#6"]
+    assert ctl.main(["history", path]) == 0 and len(capsys.readouterr().out.splitlines()) == 7
+    assert ctl.main(["status", _placed(ctl, {**p, "rank": 1, "history": ""}), "--local"]) == 0
+    assert "history" not in json.loads(capsys.readouterr().out)  # a worker keeps none
+
+
+# A start's phases, read from vLLM's own lines (issue 20)
+# -------------------------------------------------------
+
+VLLM_LOGS = Path(__file__).resolve().parent / "fixtures" / "vllm_logs"
+
+
+def _log_lines() -> list[str]:
+    return [line for log in sorted(VLLM_LOGS.glob("*.log")) for line in log.read_text().splitlines()]
+
+
+def test_every_vllm_pattern_the_runner_uses_matches_a_real_log_line(ctl):
+    """lane_ctl cannot import sparkinfra: its copies of vLLM's words are checked against the real logs."""
+    lines = _log_lines()
+    patterns = [alternative for _, alternatives in ctl.PHASES for alternative in alternatives]
+    patterns += [ctl.SHARDS.pattern, *map(re.escape, ctl.FAILED_START)]
+    unmatched = [pattern for pattern in patterns if not any(re.search(pattern, line) for line in lines)]
+    assert len(patterns) > 10 and not unmatched, unmatched
+
+
+def test_the_phases_follow_a_real_start_and_never_go_back(ctl):
+    lines = (VLLM_LOGS / "seed001_v0.22.1_gmu0.929_ok.log").read_text().splitlines()
+    seen, phase, detail = [], -1, ""
+    for line in lines:
+        phase, detail = ctl.phase_of([line], phase, detail)
+        if not seen or seen[-1] != phase:
+            seen.append(phase)
+    assert seen == [-1, 0, 1, 2, 3, 4, 5]
+    loading = (VLLM_LOGS / "v0.22.1_incomplete_loading.log").read_text().splitlines()
+    assert ctl.phase_of(loading, -1) == (1, "21/50 shards")
+    assert ctl.phase_of(["(Worker_TP0 pid=298) INFO [x.py:1] Starting to load model org/drafter..."], 3) == (3, "")
+
+
+def test_wait_ready_says_each_phase_once_then_every_15_seconds(ctl, monkeypatch, capsys):
+    lines = (VLLM_LOGS / "seed001_v0.22.1_gmu0.929_ok.log").read_text().splitlines()
+    polls = [[], [], *[[line] for line in lines], []]  # then nothing new
+    shards = next(i for i, poll in enumerate(polls) if poll and "checkpoint shards" in poll[0])
+    polls[shards + 1:shards + 1] = [[]] * 8  # 16 s more of loading: said again, with its shards
+    clock = iter(range(0, 10_000, 2))  # every poll 2 s later
+    monkeypatch.setattr(ctl.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(ctl.time, "sleep", lambda s: None)
+    monkeypatch.setattr(ctl, "Journal", lambda unit: type("J", (), {"new": lambda self: polls.pop(0) if polls else []})())
+    monkeypatch.setattr(ctl, "unit_state", lambda unit: "active")
+    monkeypatch.setattr(ctl, "restarts", lambda unit: 0)
+    monkeypatch.setattr(ctl, "port_open", lambda p: not polls)  # the API once the log is read
+    monkeypatch.setattr(ctl, "request", lambda p, path, timeout=10: (200, {}))
+    monkeypatch.setattr(ctl, "completion", lambda p, max_tokens=1, timeout=60: (True, "8 completion tokens"))
+    path = _placed(ctl, _head(ctl))
+    assert ctl.cmd_wait_ready(path, 900) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("lane sim: ready in ") and out[-1].endswith("s (8 completion tokens)")
+    said = [re.fullmatch(r"lane sim: (.*?)(?: \((\d+/\d+ shards)\))?, (\d+)s elapsed", line).groups() for line in out[:-1]]
+    names = list(dict.fromkeys(name for name, _, _ in said))
+    assert names == ["starting vLLM", "starting the engine", "loading weights",
+                     "compiling (torch.compile), profiling memory", "KV cache sized: warming up (graph capture on a GPU)",
+                     "starting the API server", "first completion"], out
+    assert ("loading weights", "50/50 shards") in [(name, detail) for name, detail, _ in said]
+    for (name, _, at), (after, _, then) in zip(said, said[1:]):
+        assert name != after or int(then) - int(at) >= 15, out  # the same phase: once every 15 s at most
+
+
+def test_wait_ready_keeps_its_failure_messages(ctl, monkeypatch, capsys):
+    clock = iter(range(0, 10_000, 2))
+    monkeypatch.setattr(ctl.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(ctl.time, "sleep", lambda s: None)
+    monkeypatch.setattr(ctl, "Journal", lambda unit: type("J", (), {"new": lambda self: []})())
+    states = ["activating", "activating", "failed"]
+    monkeypatch.setattr(ctl, "unit_state", lambda unit: states.pop(0))
+    monkeypatch.setattr(ctl, "port_open", lambda p: False)
+    monkeypatch.setattr(ctl, "sh", lambda *a, **k: subprocess.CompletedProcess(a, 0, "rank 0 said why\n", ""))
+    path = _placed(ctl, _head(ctl))
+    assert ctl.cmd_wait_ready(path, 900) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "lane sim: before the start: container checks, the workers, 2s elapsed\n"
+    assert captured.err.startswith("lane sim: unit failed after 6s; its last lines:\nrank 0 said why")
+    monkeypatch.setattr(ctl, "unit_state", lambda unit: "active")
+    monkeypatch.setattr(ctl, "restarts", lambda unit: 0)
+    assert ctl.cmd_wait_ready(path, 5) == 1
+    assert "not ready after 5s (waiting for port; its phase: starting vLLM)" in capsys.readouterr().err
+
+
+def test_the_journal_is_read_from_the_starts_beginning_then_only_new_lines(ctl, monkeypatch):
+    asked, answers = [], {"invocation": "inv-1"}
+
+    def sh(*args, **kwargs):
+        asked.append(args)
+        if args[:2] == ("systemctl", "show"):
+            return subprocess.CompletedProcess(args, 0, answers["invocation"] + "\n", "")
+        after = [a for a in args if a.startswith("--after-cursor=")]
+        text = "line 3\n-- cursor: c3\n" if after else "line 1\nline 2\n-- cursor: c2\n"
+        return subprocess.CompletedProcess(args, 0, text, "")
+
+    monkeypatch.setattr(ctl, "sh", sh)
+    journal = ctl.Journal("sparkinfra-lane-sim.service")
+    assert journal.new() == ["line 1", "line 2"]
+    assert asked[-1][:2] == ("journalctl", "_SYSTEMD_INVOCATION_ID=inv-1") and "--show-cursor" in asked[-1]
+    assert journal.new() == ["line 3"] and "--after-cursor=c2" in asked[-1]
+    assert journal.new() == ["line 3"] and "--after-cursor=c3" in asked[-1]
+    answers["invocation"] = "inv-2"  # another start: from its beginning
+    assert journal.new() == ["line 1", "line 2"] and asked[-1][1] == "_SYSTEMD_INVOCATION_ID=inv-2"
+    answers["invocation"] = ""  # the unit never started: nothing to read
+    assert journal.new() == [] and asked[-1][0] == "systemctl"

@@ -41,6 +41,8 @@ class FakeState:
 class FakeHost:
     """What an operation uses of a pyinfra host: its name, facts, noop and the run's stage."""
 
+    current_op_global_arguments = None  # as pyinfra's Host (``progress.shown`` reads it)
+
     def __init__(self, name: str, facts: list[dict], stage: str = "execute") -> None:
         self.name = name
         self.facts = facts
@@ -299,3 +301,64 @@ def test_a_secret_is_compared_on_the_node_and_no_digest_of_it_is_read(monkeypatc
     if stage == "execute":
         assert host.done[0] == "mktemp -d" and host.done[-1] == "rm -rf /tmp/tmp.private"
         assert host.done[2] == "sudo cmp -s /etc/sparkinfra/lanes/sim.secret.env /tmp/tmp.private/candidate"
+
+
+# lane_running: a converge restarts the lane through the runner (its reasons go to the head's
+# history) and waits for it with its phases printed at pyinfra's default verbosity (``shown``).
+
+LANE_CTL = "python3 /usr/local/lib/sparkinfra/lane_ctl.py"
+WAIT = f"{LANE_CTL} wait-ready /etc/sparkinfra/lanes/sim.json 900"
+
+
+class InOperation(FakeHost):
+    """A fake host inside an operation (``shown`` reads the operation's connector arguments)."""
+
+    current_op_global_arguments = {"_sudo": True, "_retries": 3}
+
+
+def _lane_running(status: dict):
+    facts = [{"fact": "LaneStatus", "args": {"lane": "sim"}, "value": status}]
+    host = InOperation("node", facts)
+    with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
+        commands = list(operation("lane.lane_running")._inner(lane="sim", digest="d1", ready_timeout=900))
+    return commands, host.noops
+
+
+SERVING = {"unit": "active", "started": "d1", "age": 5000, "api": "ok", "workers": {"10.0.0.2": "active"}}
+
+
+def test_a_lane_restarts_through_its_runner_with_the_reasons_then_its_start_is_shown():
+    commands, _ = _lane_running({**SERVING, "started": "d0", "api_key": "changed"})
+    assert [rendered(c) for c in commands[:2]] == [
+        "rm -f /run/sparkinfra/lanes/sim.failures",
+        f"{LANE_CTL} restart /etc/sparkinfra/lanes/sim.json 'its plan changed'",
+    ]
+    assert len(commands) == 3 and rendered(commands[2]) == f"FunctionCommand(shown(StringCommand({WAIT})), (), {{}})"
+    commands, _ = _lane_running({**SERVING, "workers": {"10.0.0.2": "failed", "10.0.0.3": "inactive"}})
+    assert rendered(commands[1]) == (f"{LANE_CTL} restart /etc/sparkinfra/lanes/sim.json "
+                                     "'workers not running: 10.0.0.2 (failed), 10.0.0.3 (inactive)'")
+
+
+def test_a_lane_already_starting_is_waited_for_then_restarted_if_it_never_serves():
+    commands, _ = _lane_running({**SERVING, "unit": "activating", "age": 30, "api": "down"})
+    assert len(commands) == 1
+    assert rendered(commands[0]) == (
+        f"FunctionCommand(shown(StringCommand({WAIT} || ( {LANE_CTL} restart /etc/sparkinfra/lanes/sim.json "
+        f"'it did not become ready' && {WAIT} ))), (), {{}})")
+
+
+def test_a_serving_lane_is_left_alone():
+    assert _lane_running(SERVING) == ([], ["lane sim serves"])
+
+
+def test_the_wait_runs_as_the_operation_would_with_its_lines_printed():
+    commands, _ = _lane_running({**SERVING, "unit": "failed"})
+    ran = []
+
+    class Node:
+        def run_shell_command(self, command, **kwargs):
+            ran.append((rendered(command), kwargs))
+            return True, None
+
+    assert commands[2].function(SimpleNamespace(print_input=False), Node()) is True
+    assert ran == [(WAIT, {"print_output": True, "print_input": False, "_sudo": True})]  # (the retries are the op's)

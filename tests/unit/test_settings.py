@@ -266,7 +266,7 @@ BAD = [
     Bad("unknown-key-near-ssh/inventory-host", proj(inventory=inv(two(n1={"ssh_hostnme": "10.1.0.2"}))),
         INV, "ssh_hostnme", "n1", "unknown key — did you mean 'ssh_hostname'?"),
     Bad("unknown-key-far/group_data-all", proj({GALL: "colour = 'blue'\n"}),
-        GALL, "colour", "n0", "unknown key: neither a setting (README: Settings) nor one of pyinfra's ssh_* keys"),
+        GALL, "colour", "n0", "unknown key: neither a setting (docs/settings.md) nor one of pyinfra's ssh_* keys"),
 ]
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -793,22 +793,35 @@ def test_pull_resumes_a_short_file_and_sends_only_what_is_missing(tmp_path, caps
     assert tool.manifest(str(worker))["digest"] == tool.manifest(str(head))["digest"]
 
 
-def test_pull_reports_progress_and_lets_go_of_its_output_at_the_end(tmp_path):
-    head = staged_head(tmp_path)
+PULL_PROGRESS = r"[\w.-]+: \d+ of \d+ MiB, \d+ MiB/s, ETA \d+ s"
+PULL_DONE = r"[\w.-]+: (\d+) MiB in (\d+) s, \d+ MiB/s"
+
+
+def test_pull_reports_progress_then_what_it_pulled_and_lets_go_of_its_output_at_the_end(tmp_path):
+    head = staged_head(tmp_path, large_bytes=1 << 20)  # 3 MiB and a few KiB to pull
     worker = tmp_path / "worker" / head.name
     slow_rsync = 'case "$*" in *--files-from*) sleep 2.5;; esac\nexec /usr/bin/rsync "$@"\n'
     env = {**stubs(tmp_path, sudo=SUDO, rsync=slow_rsync), "PROGRESS_EVERY": "1"}
+    began = time.monotonic()
     proc = run_pull(tmp_path, head, worker, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    lines = proc.stdout.read().splitlines()
-    assert lines and re.fullmatch(r".+: \d+ of \d+ MiB, \d+ MiB/s, ETA \d+ s", lines[0]), lines
+    took = time.monotonic() - began
+    *progress, last = proc.stdout.read().splitlines()
+    assert progress and all(re.fullmatch(PULL_PROGRESS, line) for line in progress), progress
+    assert len(progress) <= took + 1, "more than one line a second"
+    done = re.fullmatch(PULL_DONE, last)
+    assert done and done[1] == "3" and 2 <= int(done[2]) <= took + 1, last
     # asleep in its 30 s wait when the pull ends: the loop must end with it, not at its next tick
     env["PROGRESS_EVERY"] = "30"
     shutil.rmtree(worker)
     proc = run_pull(tmp_path, head, worker, env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    readable, _, _ = select.select([proc.stdout], [], [], 10)
-    assert readable and proc.stdout.read() == "", "the progress loop still holds the output open"
-    assert proc.wait(timeout=5) == 0
+    try:
+        out, _ = proc.communicate(timeout=10)  # to the end of its output
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the progress loop still holds the output open")
+    assert re.fullmatch(PULL_DONE, out.strip()), "not only the last line"
+    assert proc.returncode == 0
 
 
 def test_pull_command_ships_no_file_list_and_fits_one_argument(tmp_path):
@@ -930,4 +943,56 @@ def test_image_fanout_a_failing_worker_does_not_stop_the_others_and_is_named(tmp
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == f"spark-3: vllm-node:26.03 is missing, the head has {IMAGE_ID}"
     for ipaddr in ("10.213.1.2", "10.213.1.4"):
+        assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
+
+
+FANOUT_PROGRESS = (r"image vllm-node:26\.03: (\d+) of about (\d+) MiB to spark-2, spark-3, \d+ MiB/s, ETA \d+ s"
+                   r"|image vllm-node:26\.03: (\d+) MiB to spark-2, spark-3, \d+ MiB/s")
+FANOUT_DONE = r"image vllm-node:26\.03: (\d+) MiB to spark-2, spark-3 in (\d+) s, \d+ MiB/s"
+
+
+@pytest.mark.parametrize("size", ["7340032", ""])  # docker's unpacked size (about the stream's), or none
+def test_image_fanout_reports_what_it_sent_once_a_period_then_its_total(tmp_path, size):
+    """6 MiB streamed in three parts 1.3 s apart, PROGRESS_EVERY=1: a line a second at most, from
+    what tee has read, and at the end what it read in all (counted once tee is gone)."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    payload = tmp_path / "image.tar"
+    payload.write_bytes(os.urandom(6 << 20))
+    part = 2 << 20
+    env = stubs(
+        tmp_path,
+        docker=(
+            "case \"$1\" in\n"
+            f"  save) head -c {part} {payload}; sleep 1.3; tail -c +{part + 1} {payload} | head -c {part}; sleep 1.3\n"
+            f"        tail -c +{2 * part + 1} {payload};;\n"
+            f"  image) [ -n '{size}' ] && echo {size};;\n"
+            "esac\n"
+        ),
+        ssh=(
+            "while [ \"$1\" = -o ]; do shift 2; done\n"
+            "ip=$1; shift\n"
+            "case \"$*\" in\n"
+            f"  *'docker load'*) cat > {seen}/$ip;;\n"
+            f"  *'image inspect'*) cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
+            "esac\n"
+        ),
+    )
+    env["PROGRESS_EVERY"] = "1"
+    command = transfer.image_fanout_command(
+        "vllm-node:26.03", IMAGE_ID, [("spark-2", "10.213.1.2"), ("spark-3", "10.213.1.3")]).get_raw_value()
+    began = time.monotonic()
+    proc = subprocess.Popen(["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = [(time.monotonic() - began, line.rstrip("\n")) for line in proc.stdout]
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    took = time.monotonic() - began
+    *progress, (_, last) = lines
+    assert progress and all(re.fullmatch(FANOUT_PROGRESS, line) for _, line in progress), progress
+    assert len(progress) <= took + 1 and all(b - a > 0.5 for (a, _), (b, _) in zip(progress, progress[1:])), progress
+    sent = [int(re.fullmatch(FANOUT_PROGRESS, line)[1] or re.fullmatch(FANOUT_PROGRESS, line)[3]) for _, line in progress]
+    assert sent == sorted(sent) and sent[0] >= 2 and sent[-1] <= 6, progress
+    assert bool(size) == all(" of about 7 MiB " in line for _, line in progress), progress
+    done = re.fullmatch(FANOUT_DONE, last)
+    assert done and done[1] == "6" and 2 <= int(done[2]) <= took + 1, last
+    for ipaddr in ("10.213.1.2", "10.213.1.3"):
         assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr

@@ -1,0 +1,43 @@
+"""
+Progress of the long steps at pyinfra's default verbosity.
+
+pyinfra prints a command's output only at ``-vvv`` (with every other command's). A step that can
+take minutes (a download, a transfer, an image stream, a lane's start) yields ``shown(command)``
+instead: its output lines are printed as they come, prefixed with the host, while the node-side
+script keeps them to one line every few seconds. A step that is a no-op yields no command, so
+prints nothing.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, StringCommand
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+
+# The operation's own loop handles these; the others (sudo, timeout, env...) reach the command.
+_LOOP_KEYS = ("_retries", "_retry_delay", "_retry_until")
+
+
+def shown(command: StringCommand | str) -> FunctionCommand:
+    """
+    ``command`` run as the operation would run it (its sudo, timeout, env), its output printed
+    line by line as it comes; on failure the lines are already on screen, and the operation fails.
+    Call it inside an operation (it reads the operation's connector arguments there).
+
+    .. code:: python
+
+        yield shown(transfer.head_transfer_command(...))
+    """
+    arguments = {
+        key: value for key, value in (host.current_op_global_arguments or {}).items()
+        if key in CONNECTOR_ARGUMENT_KEYS and key not in _LOOP_KEYS
+    }
+
+    def run_shown(state, host):
+        ok, _ = host.run_shell_command(command, print_output=True, print_input=state.print_input, **arguments)
+        return ok
+
+    run_shown.__name__ = f"shown({command!r})"  # what --dry and --debug name
+    wrapper = FunctionCommand(run_shown, (), {})
+    wrapper.command = command  # what it runs, for the tests to read
+    return wrapper

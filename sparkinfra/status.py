@@ -1,0 +1,276 @@
+"""
+Is the cluster serving what its settings name? Read-only, over the inventory's SSH.
+
+    python -m sparkinfra.status inventory/pair.py [--data key=value ...] [--cluster NAME] [--json]
+
+Per cluster: the lane its settings name and the plan digest they render; per node: its rank, the
+lane unit's state, the container's start, the image ID (against the head's), the snapshots
+(against the head's manifests), the fabric port (link, MTU, address), the RoCE GID index of its
+NCCL env and the NCCL version its lane's log reported; the API's ``/health`` and the latency of a
+one-token completion; the lane's last starts and stops with their reasons (the head's runner
+records them). Exit 0 when every cluster serves what its settings name, 1 with the reasons
+otherwise, 2 when the command or its settings are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from pyinfra.api import QuoteString, StringCommand
+
+from . import chat, lanes, remote, scripts, serving, transfer
+from .operations.nccl import NCCL_ENV_FILE
+from .run import InventorySettingsError
+from .settings import Cluster
+
+HISTORY_SHOWN = 5  # the lane's last events a status shows
+
+
+@dataclass
+class Expected:
+    """What a cluster's settings name: its lane (None: none), the plan digest they render, the
+    lane's image and API port."""
+
+    lane: lanes.Lane | None
+    digest: str = ""
+    image: str = ""
+    api_port: int = 0
+
+
+def expected(cluster: Cluster) -> Expected:
+    config = cluster.config
+    if not config.lane:
+        return Expected(None)
+    lane = lanes.find_lane(config.lane)
+    plans = serving.rank_plans(lane, cluster)
+    return Expected(lane, plans[0].digest, plans[0].image, lanes.effective_ports(lane, cluster)["api_port"])
+
+
+def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
+    """The argument of ``scripts/node_report.py`` for a node of ``cluster``."""
+    config = cluster.config
+    repos = [transfer.repo_dir(config.model_dir, repo) for repo, _ in transfer.models(cluster)]
+    paths = {"unit": "", "plan": "", "started": "", "history": ""}
+    if lane_name:
+        paths = {"unit": serving.unit_name(lane_name), "plan": serving.plan_path(lane_name),
+                 "started": f"{serving.MARKS_DIR}/{lane_name}.started",
+                 "history": serving.history_path(lane_name)}
+    return json.dumps({
+        "lane": paths, "container": config.container_name, "image": image,
+        "interface": cluster.fabric.interface, "nccl_env": NCCL_ENV_FILE, "repos": repos,
+        "snapshot_tool": base64.b64encode(transfer.tool_source().encode()).decode() if repos else "",
+    })
+
+
+def node_report(host, query: str) -> dict:
+    """One node's ``scripts/node_report.py`` answer (``{"error": ...}`` when it did not answer)."""
+    command = StringCommand("python3", "-c", QuoteString(scripts.text("node_report.py")), QuoteString(query))
+    ok, stdout, stderr = remote.run(host, command, timeout=60)
+    if not ok:
+        return {"error": (stderr or stdout).strip()[-300:] or "node_report.py failed"}
+    try:
+        return json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"node_report.py said: {stdout.strip()[-300:]}"}
+
+
+def api_state(cluster: Cluster, want: Expected) -> dict:
+    """From the controller, as a client: the head's ``/health`` and one one-token completion."""
+    base = f"http://{cluster.head.ssh_host}:{want.api_port}"
+    found = {"url": base, "health": None, "completion": None, "seconds": None}
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
+            found["health"] = response.status
+    except urllib.error.HTTPError as exc:
+        found["health"] = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        found["health"] = f"no answer ({getattr(exc, 'reason', exc)})"
+        return found
+    config = cluster.config
+    key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+    began = time.monotonic()
+    try:
+        reply = chat.chat(f"{base}/v1/chat/completions", want.lane.served_model_name or want.lane.model, "ping", 1,
+                          key, timeout=60)
+        found["seconds"] = round(time.monotonic() - began, 3)
+        found["completion"] = "ok" if reply.get("usage", {}).get("completion_tokens") else "no tokens"
+    except urllib.error.HTTPError as exc:
+        found["completion"] = f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        found["completion"] = f"failed ({exc})"
+    return found
+
+
+def node_view(node, report: dict, head: dict, want: Expected) -> dict:
+    """What ``status`` shows of one node."""
+    if "unreachable" in report or "error" in report:
+        return {"name": node.name, "rank": node.rank, "reached": False,
+                "why": report.get("unreachable") or report.get("error")}
+    unit, box, fab = report["unit"], report["container"], report["fabric"]
+    nccl = [line for line in report["nccl_lines"] if "NCCL version" in line]
+    version = nccl[-1].split("NCCL version", 1)[1].split()[0].split("+")[0] if nccl else None
+    heads_manifests = head.get("manifests") or {}
+    return {
+        "name": node.name, "rank": node.rank, "reached": True,
+        "unit": f"{unit['active']}/{unit['sub']}" if unit.get("loaded") else "absent",
+        "unit_since": unit.get("since"),
+        "plan": (report["plan"] or {}).get("digest"),
+        "started": (report["started"] or {}).get("digest"),
+        "container": {"running": box["running"], "since": box["started_at"]} if box else None,
+        "image_id": report["image_id"],
+        "image_matches_head": bool(report["image_id"]) and report["image_id"] == head.get("image_id"),
+        "snapshots_match_head": {
+            repo.rsplit("/", 1)[-1]: digest is not None and digest == heads_manifests.get(repo)
+            for repo, digest in report["manifests"].items()
+        },
+        "fabric": fab,
+        "gid_index": report["gid_index"],
+        "nccl_version": version,
+        "other_lanes": report["other_units"],
+    }
+
+
+def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | None) -> list[str]:
+    """Why ``cluster`` does not serve what its settings name (empty: it does)."""
+    found = []
+    for node in nodes:
+        where = f"{node['name']} (rank {node['rank']})"
+        if not node["reached"]:
+            found.append(f"{where} not reached: {node['why']}")
+            continue
+        for other in node["other_lanes"]:
+            found.append(f"{where}: another lane's unit runs ({other})")
+        if want.lane is None:
+            continue
+        unit = serving.unit_name(want.lane.name)
+        if node["unit"] == "absent":
+            found.append(f"{where}: {unit} is not installed (a converge places it)")
+            continue
+        if not node["unit"].startswith("active/"):
+            found.append(f"{where}: {unit} is {node['unit']}")
+        if node["plan"] != want.digest:
+            found.append(f"{where}: its plan is {node['plan'] or 'missing'}, the settings render {want.digest} "
+                         "(a converge places it)")
+        elif node["unit"].startswith("active/") and node["started"] != want.digest:
+            found.append(f"{where}: the lane runs plan {node['started'] or '(unknown)'}, not {want.digest} "
+                         "(a converge restarts it)")
+        if not (node["container"] or {}).get("running") and node["unit"].startswith("active/"):
+            found.append(f"{where}: its container {cluster.config.container_name} is not running")
+        if node["rank"] and not node["image_matches_head"]:
+            found.append(f"{where}: image {want.image} is {node['image_id'] or 'missing'}, not the head's")
+        for repo, same in node["snapshots_match_head"].items():
+            if node["rank"] and not same:
+                found.append(f"{where}: snapshot {repo} does not match the head's manifest")
+        pin = cluster.config.nccl_version
+        if node["nccl_version"] and node["nccl_version"] != pin:
+            found.append(f"{where}: NCCL {node['nccl_version']} started, the pin is {pin}")
+        fab = node["fabric"]
+        if not fab.get("present"):
+            found.append(f"{where}: no fabric port {cluster.fabric.interface}")
+        elif fab.get("operstate") != "up" or fab.get("mtu") != cluster.fabric.mtu:
+            found.append(f"{where}: fabric {cluster.fabric.interface} is {fab.get('operstate')}, MTU {fab.get('mtu')} "
+                         f"(the settings: up, MTU {cluster.fabric.mtu})")
+    if want.lane is not None and api is not None:
+        if api["health"] != 200:
+            found.append(f"API {api['url']}: /health {api['health']}")
+        elif api["completion"] != "ok":
+            found.append(f"API {api['url']}: a one-token completion {api['completion']}")
+    return found
+
+
+def cluster_status(reached: remote.Reached) -> dict:
+    """One cluster's status (what ``--json`` prints for it)."""
+    cluster = reached.cluster
+    want = expected(cluster)
+    query = node_query(cluster, want.lane.name if want.lane else "", want.image or cluster.config.image)
+    hosts = list(reached.hosts.items())
+    answers = dict(zip([name for name, _ in hosts], remote.at_once([(node_report, (h, query)) for _, h in hosts])))
+    answers.update({name: {"unreachable": why} for name, why in reached.unreachable.items()})
+    head = answers.get(cluster.head.name, {})
+    nodes = [node_view(node, answers[node.name], head, want) for node in cluster.nodes]
+    api = api_state(cluster, want) if want.lane else None
+    found = problems(cluster, want, nodes, api)
+    return {
+        "cluster": cluster.name, "lane": want.lane.name if want.lane else None, "digest": want.digest or None,
+        "serving": not found and want.lane is not None, "ok": not found, "problems": found,
+        "api": api, "nodes": nodes, "history": (head.get("history") or [])[-HISTORY_SHOWN:],
+    }
+
+
+def when(epoch: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
+
+
+def text(status: dict) -> str:
+    """``status`` for a person to read."""
+    lines = []
+    state = "serving" if status["serving"] else "no lane named (settings: lane)" if not status["lane"] else \
+        "NOT serving what its settings name"
+    lane = f"lane {status['lane']}, plan {status['digest']}" if status["lane"] else "no lane"
+    lines.append(f"cluster {status['cluster']}: {lane}: {state}")
+    api = status["api"]
+    if api:
+        latency = f", a one-token completion in {api['seconds']:.2f}s" if api["seconds"] is not None else \
+            f", completion: {api['completion']}" if api["completion"] else ""
+        lines.append(f"  API {api['url']}: /health {api['health']}{latency}")
+    rows = [("node", "rank", "unit", "container up since", "image", "snapshots", "fabric", "GID", "NCCL")]
+    for node in status["nodes"]:
+        if not node["reached"]:
+            rows.append((node["name"], str(node["rank"]), "not reached", "", "", "", "", "", ""))
+            continue
+        fab = node["fabric"]
+        fabric = (f"{fab['operstate']} {fab['mtu']} {','.join(fab['addresses']) or 'no address'}"
+                  if fab.get("present") else "absent")
+        snaps = node["snapshots_match_head"]
+        rows.append((
+            node["name"], str(node["rank"]), node["unit"],
+            (node["container"] or {}).get("since", "-")[:19].replace("T", " ") if node["container"] else "-",
+            (node["image_id"][7:19] if node["image_id"] else "missing")
+            + ("" if node["rank"] == 0 or node["image_matches_head"] else " ≠head"),
+            "-" if not snaps else "match" if all(snaps.values()) else "DIFFER",
+            fabric, node["gid_index"] or "-", node["nccl_version"] or "-",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if status["history"]:
+        lines.append("  last starts and stops:")
+        for event in status["history"]:
+            extra = f" after {event['seconds']:.0f}s" if event.get("seconds") is not None else ""
+            lines.append(f"    {when(event.get('at'))}  {event.get('event', '?'):5}  {event.get('why', '')}{extra}")
+    for problem in status["problems"]:
+        lines.append(f"  - {problem}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparkinfra.status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inventory")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--cluster", help="one cluster of the inventory (default: every one)")
+    parser.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    args = parser.parse_args(argv)
+    try:
+        inventory, settings = remote.settings_of(args.inventory, args.data)
+        clusters = remote.clusters_of(settings, args.cluster)
+    except (InventorySettingsError, lanes.LaneError) as exc:
+        print(f"sparkinfra.status: {exc}", file=sys.stderr)
+        return 2
+    statuses = [cluster_status(reached) for reached in remote.connect(inventory, clusters)]
+    ok = all(s["ok"] for s in statuses)
+    if args.json:
+        print(json.dumps({"ok": ok, "clusters": statuses}, indent=2, sort_keys=True))
+    else:
+        print("\n".join(text(s) for s in statuses))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
