@@ -3,21 +3,25 @@ Staging speed on the bed, head -> worker over the simulated fabric, measured in 
 
     python benchmarks/staging.py            # as root; brings the bed up (2 nodes) if it is not
 
-Prints, for a synthetic snapshot (>= 2 GiB: a few large shards, many small files, random content):
-the raw pipe (TCP, no protocol) into /dev/null and, as the ceiling, into a file on the worker's disk
-(the path any copy of the snapshot must take), the seeds' method (``rsync -a`` over ssh, default cipher),
-the tool's staging step (what ``deploys/stage.py`` runs), and the no-op restage (the worker's check,
-a whole ``pyinfra … deploys/stage.py`` run, and pyinfra's floor: a run that only connects and reads
-one fact; best of 3 each); then the same for
-the image (``docker save | ssh | docker load`` against the tool's fan-out script, alternated, best of
-two each, and the ID check when the IDs already match). Last line: ``staging/ceiling = R``. All nodes share this machine's cores:
-compare the figures with each other, not with a real 200G link.
+Prints, for a synthetic snapshot (>= 2 GiB: a few large shards, many small files, random content),
+three rounds in rotated order (the machine's speed drifts; one lucky or unlucky run decides nothing)
+of: the raw pipe ceiling (TCP, no protocol, into a file on the worker's disk: the path any copy of
+the snapshot must take), the seeds' method (``rsync -a`` over ssh, default cipher) and the tool's
+staging step (what ``deploys/stage.py`` runs), each with the bytes the worker's fabric port
+received; the raw pipe into /dev/null; and the no-op restage (the worker's check, a whole
+``pyinfra … deploys/stage.py`` run, and pyinfra's floor: a run that only connects and reads one
+fact; best of 3 each). Then the image: ``docker save | ssh | docker load`` against the tool's
+fan-out, alternated, two each, with the bytes moved; the ID check when the IDs already match; and an
+update that adds one top layer (the bytes the tool moves for it against that layer's size). Last
+line: ``staging/ceiling = R (each round: ...)``, R the worst round. All nodes share this machine's
+cores: compare the figures with each other, not with a real 200G link.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +40,8 @@ CACHE = "/var/lib/sparkinfra/hf"
 REPO_DIR = transfer.repo_dir(CACHE, REPO)
 LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 4, 512 << 20, 400, 64 << 10
 PY = str(Path(sys.executable))
+ROUNDS = 3
+TOP_LAYER = 32 << 20  # the image update's one new layer
 
 
 def sh(node: str, command: str) -> subprocess.CompletedProcess:
@@ -54,6 +60,22 @@ def drop_worker_copy() -> None:
 
 def rate(seconds: float, size: int) -> str:
     return f"{size / seconds / 1e6:8.0f} MB/s  ({seconds:6.2f} s)"
+
+
+def received(node: str) -> int:
+    """Bytes ``node`` has received on its fabric port (what a transfer to it moved)."""
+    return int(sh(node, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes").stdout)
+
+
+def moved(node: str, run) -> tuple[float, int]:
+    """(seconds, bytes ``node`` received) of ``run()``, which returns its seconds."""
+    before = received(node)
+    seconds = run()
+    return seconds, received(node) - before
+
+
+def spread(values: list[float]) -> str:
+    return f"min {min(values):.2f} / median {statistics.median(values):.2f} / max {max(values):.2f} s"
 
 
 def pyinfra(*args: str) -> float:
@@ -91,26 +113,33 @@ def main() -> int:
     size = int(sh(HEAD, f"du -sbL {REPO_DIR}/blobs | cut -f1").stdout.split()[0])
     head_ip, worker_ip = bed.sim_nodes(2)[0].fabric_ip, bed.sim_nodes(2)[1].fabric_ip
     print(f"snapshot: {LARGE} x {LARGE_BYTES >> 20} MiB + {SMALL} x {SMALL_BYTES >> 10} KiB = {size / 2**30:.2f} GiB")
-
-    # 1. The raw pipe: bytes over TCP, no protocol, into /dev/null; then into a file on the worker's
-    # disk (the path every copy of the snapshot takes): the ceiling.
-    pipe = raw_pipe(worker_ip, "while c.recv(1 << 20): pass")
-    ceiling = raw_pipe(worker_ip, "f = open('/var/tmp/ceiling', 'wb')\nwhile (b := c.recv(1 << 20)): f.write(b)")
-    sh(WORKER, "rm -f /var/tmp/ceiling")
-
-    # 2. The seeds' method: rsync -a over ssh, default cipher (through the head's SSH mesh).
-    drop_worker_copy()
-    seeds = timed(HEAD, f"rsync -a {REPO_DIR}/ {worker_ip}:/home/spark2/seeds/")
-
-    # 3. The tool: what snapshot_on_workers runs (daemon on the fabric, the worker's parallel pulls).
-    drop_worker_copy()
     sh(HEAD, snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
-    started = time.monotonic()
-    sh(HEAD, transfer.head_transfer_command(REPO_DIR, [worker_ip], head_ip, 8730, 8).get_raw_value())
-    tool = time.monotonic() - started
-    digest = json.loads(sh(HEAD, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
+    transfer_command = transfer.head_transfer_command(REPO_DIR, [worker_ip], head_ip, 8730, 8).get_raw_value()
 
-    # 4. The no-op restage: the worker's check alone, and a whole converge of deploys/stage.py.
+    def ceiling() -> float:  # the raw pipe into a file on the worker's disk
+        seconds = raw_pipe(worker_ip, "f = open('/var/tmp/ceiling', 'wb')\nwhile (b := c.recv(1 << 20)): f.write(b)")
+        sh(WORKER, "rm -f /var/tmp/ceiling")
+        return seconds
+
+    def seeds() -> float:  # rsync -a over ssh, default cipher (through the head's SSH mesh)
+        drop_worker_copy()
+        return timed(HEAD, f"rsync -a {REPO_DIR}/ {worker_ip}:/home/spark2/seeds/")
+
+    def tool() -> float:  # what snapshot_on_workers runs: the head's daemon, the worker's parallel pulls
+        drop_worker_copy()
+        return timed(HEAD, transfer_command)
+
+    methods = {"ceiling": ceiling, "seeds": seeds, "tool": tool}
+    order = list(methods)
+    figures: dict[str, list[tuple[float, int]]] = {name: [] for name in methods}
+    for r in range(ROUNDS):  # rotated: each method runs first, second and last once
+        for name in order[r:] + order[:r]:
+            figures[name].append(moved(WORKER, methods[name]))
+    tool()  # (untimed) the worker holds the tool's copy for the checks below
+    digest = json.loads(sh(HEAD, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
+    pipe = raw_pipe(worker_ip, "while c.recv(1 << 20): pass")
+
+    # The no-op restage: the worker's check alone, and a whole converge of deploys/stage.py.
     started = time.monotonic()
     check = json.loads(sh(WORKER, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)
     noop_check = time.monotonic() - started
@@ -121,40 +150,57 @@ def main() -> int:
     floor = min(pyinfra("inventory/sim.py", "fact", "server.Hostname") for _ in range(3))
 
     print(f"raw pipe (TCP into /dev/null) {rate(pipe, size)}")
-    print(f"raw pipe ceiling (TCP to disk){rate(ceiling, size)}")
-    print(f"seeds: rsync -a over ssh      {rate(seeds, size)}")
-    print(f"tool: staging step            {rate(tool, size)}")
-    print(f"tool/seeds = {seeds / tool:.2f}")
+    labels = {"ceiling": "raw pipe ceiling (TCP to disk)", "seeds": "seeds: rsync -a over ssh     ",
+              "tool": "tool: staging step           "}
+    for name, runs in figures.items():
+        for i, (seconds, got) in enumerate(runs, 1):
+            print(f"{labels[name]} round {i}: {rate(seconds, size)}, spark-2 received {got / 2**20:7.0f} MiB")
+        print(f"{labels[name]} spread: {spread([s for s, _ in runs])}")
+    ratios = [c / t for (c, _), (t, _) in zip(figures["ceiling"], figures["tool"])]
+    print(f"tool/seeds = {statistics.median(s for s, _ in figures['seeds']) / statistics.median(t for t, _ in figures['tool']):.2f}")
     print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s "
           f"(pyinfra's floor: start, connect, one fact {floor:.2f} s; staging's part {noop_converge - floor:.2f} s)")
 
-    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_command: one save
-    # teed to each worker's load, then the ID check), each twice in the order seeds, tool, tool, seeds
-    # (the second of two runs finds warmer caches); best of each. Then the ID check alone, timed.
+    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_command), each
+    # twice in the order seeds, tool, tool, seeds; each with the bytes the worker received. Then the
+    # ID check alone, and an update: the image with one new top layer, which the worker lacks.
     image = bed.IMAGE
     quoted = shlex.quote(image)
     image_size = int(sh(HEAD, f"docker image inspect --format '{{{{.Size}}}}' {quoted}").stdout)
     head_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
-    methods = {
+    image_methods = {
         "seeds": f"docker save {quoted} | ssh {worker_ip} 'sudo -n docker load -q' >/dev/null",
         "tool": transfer.image_fanout_command(image, head_id, [(WORKER, worker_ip)]).get_raw_value(),
     }
-    image_times: dict[str, list[float]] = {"seeds": [], "tool": []}
+    image_times: dict[str, list[tuple[float, int]]] = {"seeds": [], "tool": []}
     for name in ("seeds", "tool", "tool", "seeds"):
         sh(WORKER, f"docker rmi -f {quoted} >/dev/null")
-        image_times[name].append(timed(HEAD, methods[name]))
+        image_times[name].append(moved(WORKER, lambda: timed(HEAD, image_methods[name])))
     started = time.monotonic()
     got = sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     id_check = time.monotonic() - started
     assert got == head_id, f"the worker's image is {got or 'missing'} after staging, the head has {head_id}"
-    seeds_image, tool_image = min(image_times["seeds"]), min(image_times["tool"])
-    print(f"image {image_size / 1e6:.0f} MB (best of 2, alternated): seeds docker save|ssh|load "
-          f"{seeds_image:.2f} s, tool (image_fanout_command) {tool_image:.2f} s, "
-          f"ID check when equal {id_check:.2f} s per node")
+    update = "sparkbed/stage:bench-top"
+    sh(HEAD, f"printf 'FROM {image}\\nRUN head -c {TOP_LAYER} /dev/urandom > /opt/bench-top\\n' | "
+             f"docker build -q -t {update} - >/dev/null")
+    update_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {update}").stdout.strip()
+    layer = int(sh(HEAD, f"docker history --no-trunc --format '{{{{.Size}}}}' --human=false {update} | head -1").stdout)
+    update_run = transfer.image_fanout_command(update, update_id, [(WORKER, worker_ip)]).get_raw_value()
+    update_seconds, update_bytes = moved(WORKER, lambda: timed(HEAD, update_run))
+    sh(WORKER, f"docker rmi -f {update} >/dev/null")
+    sh(HEAD, f"docker rmi -f {update} >/dev/null")
+    for name, runs in image_times.items():
+        print(f"image {image_size / 1e6:.0f} MB, {name}: " + ", ".join(
+            f"{s:.2f} s ({b / 2**20:.0f} MiB received)" for s, b in runs))
+    seeds_image, tool_image = min(s for s, _ in image_times["seeds"]), min(s for s, _ in image_times["tool"])
+    print(f"image first copy, best of 2: seeds {seeds_image:.2f} s, tool {tool_image:.2f} s "
+          f"(tool/seeds = {seeds_image / tool_image:.2f}); ID check when equal {id_check:.2f} s per node")
+    print(f"image update (one new {layer / 2**20:.0f} MiB top layer): tool {update_seconds:.2f} s, "
+          f"spark-2 received {update_bytes / 2**20:.0f} MiB = {update_bytes / layer:.1f}x the layer")
     sh(WORKER, f"rm -rf {REPO_DIR} /home/spark2/seeds")
     sh(HEAD, f"rm -rf {REPO_DIR}")
-    print(f"staging/pipe-into-null = {pipe / tool:.2f}")
-    print(f"staging/ceiling = {ceiling / tool:.2f}")
+    print(f"staging/pipe-into-null = {pipe / statistics.median(t for t, _ in figures['tool']):.2f}")
+    print(f"staging/ceiling = {min(ratios):.2f} (each round: {' '.join(f'{r:.2f}' for r in ratios)})")
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
 import time
 from datetime import datetime
@@ -28,6 +29,7 @@ from .run import InventorySettingsError
 from .settings import lane_problem
 
 FOLLOW_EVERY = 1.0  # seconds between two reads of every rank's journal with --follow
+FOLLOW_LAG = 2.0  # seconds --follow holds an entry, so entries of all ranks print in time order
 
 
 def read_journal(host, query: dict) -> tuple[list[tuple[int, str]], str, str]:
@@ -118,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
              "lines": args.lines if args.lines is not None else (None if args.since else 100)}
     cursors = {n.name: "" for n in nodes}
     began, first = int(time.time()), True
+    held = Held()
+    if args.follow:  # a stop asked for (^C, kill) still prints what is held
+        signal.signal(signal.SIGTERM, interrupted)
     try:
         while True:
             calls = [(read_journal, (reached.hosts[n.name], next_query(query, cursors[n.name], first, began)))
@@ -130,15 +135,47 @@ def main(argv: list[str] | None = None) -> int:
                     failed = True
                 cursors[node.name] = cursor
                 batches.append((node.name, node.rank, entries))
-            for at, name, rank, text in merged(batches):
-                print(line(at, name, rank, text, width), flush=True)
+            rows = merged(batches)
             if not args.follow:
+                show(rows, width)
                 break
+            show(held.ready(rows, time.monotonic()), width)
             time.sleep(FOLLOW_EVERY)
     except KeyboardInterrupt:
-        pass
+        show(held.ready([], float("inf")), width)
     return 1 if failed else 0
 
+
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def show(rows: list[tuple[int, str, int, str]], width: int) -> None:
+    for at, name, rank, text in rows:
+        print(line(at, name, rank, text, width), flush=True)
+
+
+class Held:
+    """``--follow``'s entries, each held ``FOLLOW_LAG`` seconds after it arrived: a rank's line that
+    reached its journal a moment after another rank's later one still prints in time order."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, str, int, str]] = []
+        self.arrived: list[float] = []
+
+    def ready(self, rows: list[tuple[int, str, int, str]], now: float) -> list[tuple[int, str, int, str]]:
+        """Add ``rows`` (arrived ``now``); the held rows to print now, in time order: every row up to
+        the latest one held for ``FOLLOW_LAG`` (``now`` infinite: every row)."""
+        self.rows += rows
+        self.arrived += [now] * len(rows)
+        due = [row[0] for row, at in zip(self.rows, self.arrived) if at <= now - FOLLOW_LAG or now == float("inf")]
+        if not due:
+            return []
+        cut = max(due)
+        out = sorted((row for row in self.rows if row[0] <= cut), key=lambda row: row[0])
+        kept = [(row, at) for row, at in zip(self.rows, self.arrived) if row[0] > cut]
+        self.rows, self.arrived = [row for row, _ in kept], [at for _, at in kept]
+        return out
 
 if __name__ == "__main__":
     sys.exit(main())

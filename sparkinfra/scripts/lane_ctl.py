@@ -804,6 +804,13 @@ def watch_head(p: dict, path: str, child: subprocess.Popen) -> int:
         if now - started < p["watch_grace"]:
             continue
         down, lost = worker_states(p)
+        if down and mark(p, "stop-reason").exists():
+            # A stopper (a teardown, another lane, a converge's restart) left its reason here before
+            # stopping the lane's units on every node at once: a worker that stopped first is its
+            # doing, not a failure; the stop records the stopper's reason.
+            say(f"rank {', '.join(str(w['rank']) for w in down)} stopped: {mark(p, 'stop-reason').read_text().strip()}")
+            stopping.append("asked")
+            break
         if down:
             reason = "rank " + ", ".join(f"{w['rank']} on {w['ip']}" for w in down) + " is not running"
             break

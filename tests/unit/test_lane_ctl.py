@@ -323,6 +323,19 @@ def test_a_worker_whose_unit_is_down_restarts_the_lane_at_once(ctl, monkeypatch)
     assert said[-1] == "rank 1 on 10.0.0.2 is not running: restarting the lane on every node"
 
 
+def test_a_worker_stopped_by_a_stopper_that_left_its_reason_is_no_failure(ctl, monkeypatch):
+    """A teardown stops every node's unit at once, the head's reason left first: a worker that
+    stops before the head is the teardown's doing (exit 0, the stopper's reason kept for post)."""
+    plan = _head(ctl)
+    ctl.note_stop(plan, "a teardown stops it")
+    down = ([{"ip": "10.0.0.2", "rank": 1}], {})
+    code, said, _, stopped = _watch(ctl, monkeypatch, plan, [down], [])
+    assert (code, stopped) == (0, True)
+    assert said[-1] == "rank 1 stopped: a teardown stops it", said
+    assert ctl.mark(plan, "stop-reason").read_text() == "a teardown stops it"
+    assert ctl.count_stop(plan, "success", "0") == ("a teardown stops it", False)
+
+
 def test_worker_states_tells_down_from_unreached(ctl, monkeypatch):
     answers = {"10.0.0.2": subprocess.CompletedProcess([], 3, "failed\n", ""),
                "10.0.0.3": subprocess.CompletedProcess([], 255, "", "Host key verification failed.\n"),

@@ -307,6 +307,16 @@ def test_main_a_node_not_reached_or_failing(offline, capsys, utc):
     assert [host for host, _ in offline.asked] == ["spark-1"]
 
 
+def test_follow_holds_entries_so_a_late_rank_still_prints_in_time_order():
+    held = logs.Held()
+    assert held.ready([(5_000000, "spark-1", 0, "later")], now=10.0) == []  # held FOLLOW_LAG
+    # spark-2's earlier line reaches the controller a poll later: it still prints first.
+    assert held.ready([(4_900000, "spark-2", 1, "earlier")], now=11.0) == []
+    assert [row[3] for row in held.ready([], now=10.0 + logs.FOLLOW_LAG)] == ["earlier", "later"]
+    assert held.ready([(6_000000, "spark-1", 0, "last")], now=13.0) == []
+    assert [row[3] for row in held.ready([], now=float("inf"))] == ["last"]  # a stop prints what is held
+
+
 def test_main_follow_reads_after_each_cursor(offline, capsys, monkeypatch, utc):
     offline.journals = {
         "spark-1": [([(T0, "one")], "c1", ""), ([(T0 + 3_000000, "three")], "c2", ""), ([], "c2", "")],
@@ -319,7 +329,8 @@ def test_main_follow_reads_after_each_cursor(offline, capsys, monkeypatch, utc):
         if len(sleeps) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(logs, "time", SimpleNamespace(time=lambda: 1796551300.7, sleep=sleep))
+    clock = SimpleNamespace(time=lambda: 1796551300.7, sleep=sleep, monotonic=lambda: 100.0 + len(sleeps))
+    monkeypatch.setattr(logs, "time", clock)
     assert logs.main(["inventory/sim.py", "--follow", "--lines", "5"]) == 0
     assert [line.split(" | ")[1] for line in capsys.readouterr().out.splitlines()] == ["one", "two", "three"]
     base = {"unit": "sparkinfra-lane-sim.service", "grep": "", "since": "", "lines": 5}
