@@ -1,8 +1,9 @@
 #!/bin/bash
 # Run as root on the head: one docker save of IMAGE, teed to a docker load on each worker through
 # the SSH mesh, all at once (the head reads and packs the image once, however many workers receive
-# it); then each worker's image ID, checked against the head's. A worker that fails to load does
-# not stop the others; it ends the script with an error naming both IDs.
+# it); then each worker's image ID (said by the same SSH session after its load), checked against
+# the head's. A worker that fails to load does not stop the others; it ends the script with an
+# error naming both IDs.
 #
 # Prints every PROGRESS_EVERY seconds (default 5) what tee has read of the stream (its rchar in
 # /proc: no copy of the stream more), against the image's unpacked size (docker's .Size: the saved
@@ -17,10 +18,12 @@ ssh_mesh=(ssh -o BatchMode=yes -o Compression=no)
 every=${PROGRESS_EVERY:-5}
 rc=0; pids=; fifos=$(mktemp -d); trap 'rm -rf "$fifos"' EXIT
 outputs=(); names=()
+# Each worker loads, then says the ID it now has, in the same SSH session (no second handshake).
+load="sudo -n docker load -q > /dev/null && sudo -n docker image inspect --format '{{.Id}}' $(printf %q "$image")"
 for worker in "$@"; do
     ip=${worker#*=}
     mkfifo "$fifos/$ip"
-    "${ssh_mesh[@]}" "$ip" 'sudo -n docker load -q' < "$fifos/$ip" > /dev/null & pids="$pids $!"
+    "${ssh_mesh[@]}" "$ip" "$load" < "$fifos/$ip" > "$fifos/$ip.id" 2> /dev/null & pids="$pids $!"
     outputs+=("$fifos/$ip")
     names+=("${worker%%=*}")
 done
@@ -79,7 +82,7 @@ s=$((SECONDS - start))
 echo "image $image: $((sent >> 20)) MiB to $to in $s s, $(( sent / (s > 0 ? s : 1) >> 20 )) MiB/s"
 for worker in "$@"; do
     name=${worker%%=*}; ip=${worker#*=}
-    got=$("${ssh_mesh[@]}" "$ip" "sudo -n docker image inspect --format '{{.Id}}' $(printf %q "$image")" 2>/dev/null)
+    read -r got 2> /dev/null < "$fifos/$ip.id" || got=
     [ "$got" = "$head_id" ] || { echo "$name: $image is ${got:-missing}, the head has $head_id" >&2; rc=1; }
 done
 exit $rc

@@ -915,10 +915,10 @@ def fanout(tmp_path, workers, broken=()):
         ssh=(
             "while [ \"$1\" = -o ]; do shift 2; done\n"
             "ip=$1; shift\n"
+            f"echo $ip >> {seen}/sessions\n"
             f"case \" {' '.join(broken)} \" in *\" $ip \"*) exit 255;; esac\n"
             "case \"$*\" in\n"
-            f"  *'docker load'*) cat > {seen}/$ip;;\n"
-            f"  *'image inspect'*) cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
+            f"  *'docker load'*'image inspect'*) cat > {seen}/$ip; cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
             "  *) exit 2;;\n"
             "esac\n"
         ),
@@ -933,6 +933,8 @@ def test_image_fanout_packs_once_and_every_worker_gets_all_of_it(tmp_path):
     proc, seen, payload = fanout(tmp_path, workers)
     assert proc.returncode == 0, proc.stderr
     assert (seen / "saves").read_text() == "save\n"  # the head packs the image once, not once per worker
+    # One SSH session per worker: its load, then the ID it has (no second handshake for the check).
+    assert sorted((seen / "sessions").read_text().split()) == sorted(ip for _, ip in workers)
     for _, ipaddr in workers:
         assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
 
@@ -973,8 +975,7 @@ def test_image_fanout_reports_what_it_sent_once_a_period_then_its_total(tmp_path
             "while [ \"$1\" = -o ]; do shift 2; done\n"
             "ip=$1; shift\n"
             "case \"$*\" in\n"
-            f"  *'docker load'*) cat > {seen}/$ip;;\n"
-            f"  *'image inspect'*) cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
+            f"  *'docker load'*'image inspect'*) cat > {seen}/$ip; cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
             "esac\n"
         ),
     )
