@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import QuoteString, StringCommand
 
-from . import chat, lanes, remote, scripts, serving, transfer
+from . import chat, lanes, nccl_log, remote, scripts, serving, transfer
 from .operations.nccl import NCCL_ENV_FILE
 from .run import InventorySettingsError
 from .settings import Cluster
@@ -115,8 +115,7 @@ def node_view(node, report: dict, head: dict, want: Expected) -> dict:
         return {"name": node.name, "rank": node.rank, "reached": False,
                 "why": report.get("unreachable") or report.get("error")}
     unit, box, fab = report["unit"], report["container"], report["fabric"]
-    nccl = [line for line in report["nccl_lines"] if "NCCL version" in line]
-    version = nccl[-1].split("NCCL version", 1)[1].split()[0].split("+")[0] if nccl else None
+    version = nccl_log.parse("\n".join(report["nccl_lines"])).version
     heads_manifests = head.get("manifests") or {}
     return {
         "name": node.name, "rank": node.rank, "reached": True,

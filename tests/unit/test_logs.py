@@ -235,15 +235,8 @@ def offline(sim_settings, monkeypatch):
     return state
 
 
-def _nothing_connects(monkeypatch):
-    def connect(*args):
-        raise AssertionError("connected")
 
-    monkeypatch.setattr(remote, "connect", connect)
-
-
-def test_main_a_bad_grep(monkeypatch, capsys):
-    _nothing_connects(monkeypatch)
+def test_main_a_bad_grep(nothing_connects, monkeypatch, capsys):
     with pytest.raises(SystemExit) as raised:
         logs.main(["inventory/sim.py", "--grep", "(unclosed"])
     assert raised.value.code == 2
@@ -268,8 +261,7 @@ def test_main_an_unknown_cluster(offline, capsys):
     assert capsys.readouterr().err == "sparkinfra.logs: no cluster 'nope' in the inventory (it has: sim)\n"
 
 
-def test_main_a_bad_inventory_path(monkeypatch, capsys):
-    _nothing_connects(monkeypatch)
+def test_main_a_bad_inventory_path(nothing_connects, monkeypatch, capsys):
     assert logs.main(["inventory/no-such-inventory.py"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sparkinfra.logs: ") and "inventory/no-such-inventory.py" in err

@@ -475,28 +475,19 @@ def test_main_prints_text_without_json(offline, capsys, sim):
     assert capsys.readouterr().out.startswith(f"cluster sim: lane sim, plan {sim.want.digest}: serving\n")
 
 
-def _refuse_to_connect(monkeypatch):
-    def connect(*args):
-        raise AssertionError("connected")
 
-    monkeypatch.setattr(remote, "connect", connect)
-
-
-def test_main_an_unknown_cluster(monkeypatch, capsys):
-    _refuse_to_connect(monkeypatch)
+def test_main_an_unknown_cluster(nothing_connects, monkeypatch, capsys):
     assert status.main(["inventory/sim.py", "--cluster", "nope"]) == 2
     assert capsys.readouterr().err == "sparkinfra.status: no cluster 'nope' in the inventory (it has: sim)\n"
 
 
-def test_main_a_bad_inventory_path(monkeypatch, capsys):
-    _refuse_to_connect(monkeypatch)
+def test_main_a_bad_inventory_path(nothing_connects, monkeypatch, capsys):
     assert status.main(["inventory/no-such-inventory.py"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sparkinfra.status: ") and "inventory/no-such-inventory.py" in err
 
 
-def test_main_bad_data(monkeypatch, capsys):
-    _refuse_to_connect(monkeypatch)
+def test_main_bad_data(nothing_connects, monkeypatch, capsys):
     assert status.main(["inventory/sim.py", "--data", "fabric_mtu=70000"]) == 2
     assert "fabric_mtu" in capsys.readouterr().err
 
