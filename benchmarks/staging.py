@@ -8,11 +8,12 @@ three rounds in rotated order (the machine's speed drifts; one lucky or unlucky 
 of: the raw pipe ceiling (TCP, no protocol, into a file on the worker's disk: the path any copy of
 the snapshot must take), the seeds' method (``rsync -a`` over ssh, default cipher) and the tool's
 staging step (what ``deploys/stage.py`` runs), each with the bytes the worker's fabric port
-received; the raw pipe into /dev/null; and the no-op restage (the worker's check, a whole
+received; the raw pipe into /dev/null; the step's fixed cost (a transfer with nothing to move);
+and the no-op restage (the worker's check, a whole
 ``pyinfra … deploys/stage.py`` run, and pyinfra's floor: a run that only connects and reads one
 fact; best of 3 each). Then the image: ``docker save | ssh | docker load`` against the tool's
-fan-out, alternated, two each, with the bytes moved; the ID check when the IDs already match; and an
-update that adds one top layer (the bytes the tool moves for it against that layer's size). Last
+fan-out, three rounds alternated, with the bytes moved; the ID check when the IDs already match; and
+an update of an image whose top layer changed (the bytes the tool moves against that layer's size). Last
 line: ``staging/ceiling = R (each round: ...)``, R the worst round. All nodes share this machine's
 cores: compare the figures with each other, not with a real 200G link.
 """
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import sparkbed as bed
 from sparkinfra import transfer  # noqa: E402
 from sparkinfra.facts.stage import snapshot_tool_command
+from sparkinfra.remote import settings_of
 
 HEAD, WORKER = "spark-1", "spark-2"
 REPO, REV = "sparkbed/bench-moe", "bench000000000000000000000000000000000001"
@@ -42,6 +44,13 @@ LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 4, 512 << 20, 400, 64 << 10
 PY = str(Path(sys.executable))
 ROUNDS = 3
 TOP_LAYER = 32 << 20  # the image update's one new layer
+# The ceiling's receiver: socket to file with the least work per byte (one buffer, unbuffered writes).
+CEILING_RECEIVER = (
+    "import os\nfd = os.open('/var/tmp/ceiling', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "buf = bytearray(4 << 20)\nview = memoryview(buf)\nwhile (n := c.recv_into(buf)):\n    os.write(fd, view[:n])"
+)
+# The seeds' ssh: OpenSSH's defaults, not the mesh's faster choices (sparkinfra.operations.mesh).
+SEEDS_SSH = "ssh -o Ciphers=chacha20-poly1305@openssh.com -o KexAlgorithms=sntrup761x25519-sha512@openssh.com"
 
 
 def sh(node: str, command: str) -> subprocess.CompletedProcess:
@@ -114,16 +123,19 @@ def main() -> int:
     head_ip, worker_ip = bed.sim_nodes(2)[0].fabric_ip, bed.sim_nodes(2)[1].fabric_ip
     print(f"snapshot: {LARGE} x {LARGE_BYTES >> 20} MiB + {SMALL} x {SMALL_BYTES >> 10} KiB = {size / 2**30:.2f} GiB")
     sh(HEAD, snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
-    transfer_command = transfer.head_transfer_command(REPO_DIR, [worker_ip], head_ip, 8730, 8).get_raw_value()
+    _, settings = settings_of("inventory/sim.py")
+    streams = settings.clusters["sim"].config.stage_streams  # as deploys/stage.py runs it on the bed
+    transfer_command = transfer.head_transfer_command(REPO_DIR, [worker_ip], head_ip, 8730, streams).get_raw_value()
 
     def ceiling() -> float:  # the raw pipe into a file on the worker's disk
-        seconds = raw_pipe(worker_ip, "f = open('/var/tmp/ceiling', 'wb')\nwhile (b := c.recv(1 << 20)): f.write(b)")
+        drop_worker_copy()  # as for the others: no copy left writing back behind it
+        seconds = raw_pipe(worker_ip, CEILING_RECEIVER)
         sh(WORKER, "rm -f /var/tmp/ceiling")
         return seconds
 
-    def seeds() -> float:  # rsync -a over ssh, default cipher (through the head's SSH mesh)
+    def seeds() -> float:  # rsync -a over ssh, OpenSSH's default cipher and key exchange (the mesh's user and key)
         drop_worker_copy()
-        return timed(HEAD, f"rsync -a {REPO_DIR}/ {worker_ip}:/home/spark2/seeds/")
+        return timed(HEAD, f"rsync -a -e {shlex.quote(SEEDS_SSH)} {REPO_DIR}/ {worker_ip}:/home/spark2/seeds/")
 
     def tool() -> float:  # what snapshot_on_workers runs: the head's daemon, the worker's parallel pulls
         drop_worker_copy()
@@ -138,6 +150,9 @@ def main() -> int:
     tool()  # (untimed) the worker holds the tool's copy for the checks below
     digest = json.loads(sh(HEAD, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
     pipe = raw_pipe(worker_ip, "while c.recv(1 << 20): pass")
+    # The step's fixed cost: the same transfer with nothing to move (the worker's SSH session and
+    # sudo, the daemon, the plan and the record), best of 3.
+    fixed = min(timed(HEAD, transfer_command) for _ in range(3))
 
     # The no-op restage: the worker's check alone, and a whole converge of deploys/stage.py.
     started = time.monotonic()
@@ -151,7 +166,7 @@ def main() -> int:
 
     print(f"raw pipe (TCP into /dev/null) {rate(pipe, size)}")
     labels = {"ceiling": "raw pipe ceiling (TCP to disk)", "seeds": "seeds: rsync -a over ssh     ",
-              "tool": "tool: staging step           "}
+              "tool": f"tool: staging step, {streams} streams"}
     for name, runs in figures.items():
         for i, (seconds, got) in enumerate(runs, 1):
             print(f"{labels[name]} round {i}: {rate(seconds, size)}, spark-2 received {got / 2**20:7.0f} MiB")
@@ -161,45 +176,60 @@ def main() -> int:
     print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s "
           f"(pyinfra's floor: start, connect, one fact {floor:.2f} s; staging's part {noop_converge - floor:.2f} s)")
 
-    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_command), each
-    # twice in the order seeds, tool, tool, seeds; each with the bytes the worker received. Then the
-    # ID check alone, and an update: the image with one new top layer, which the worker lacks.
+    # The image: the seeds' pipe vs what deploys/stage.py runs (transfer.image_fanout_command), three
+    # rounds in rotated order, each with the bytes the worker received. Then the ID check alone, and
+    # an update: the image rebuilt with one changed top layer (the worker has the one before).
     image = bed.IMAGE
     quoted = shlex.quote(image)
     image_size = int(sh(HEAD, f"docker image inspect --format '{{{{.Size}}}}' {quoted}").stdout)
     head_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     image_methods = {
-        "seeds": f"docker save {quoted} | ssh {worker_ip} 'sudo -n docker load -q' >/dev/null",
+        "seeds": f"docker save {quoted} | {SEEDS_SSH} {worker_ip} 'sudo -n docker load -q' >/dev/null",
         "tool": transfer.image_fanout_command(image, head_id, [(WORKER, worker_ip)]).get_raw_value(),
     }
     image_times: dict[str, list[tuple[float, int]]] = {"seeds": [], "tool": []}
-    for name in ("seeds", "tool", "tool", "seeds"):
-        sh(WORKER, f"docker rmi -f {quoted} >/dev/null")
-        image_times[name].append(moved(WORKER, lambda: timed(HEAD, image_methods[name])))
+    for r in range(ROUNDS):
+        for name in (["seeds", "tool"] if r % 2 == 0 else ["tool", "seeds"]):
+            sh(WORKER, f"docker rmi -f {quoted} >/dev/null")
+            image_times[name].append(moved(WORKER, lambda: timed(HEAD, image_methods[name])))
     started = time.monotonic()
     got = sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     id_check = time.monotonic() - started
     assert got == head_id, f"the worker's image is {got or 'missing'} after staging, the head has {head_id}"
-    update = "sparkbed/stage:bench-top"
-    sh(HEAD, f"printf 'FROM {image}\\nRUN head -c {TOP_LAYER} /dev/urandom > /opt/bench-top\\n' | "
-             f"docker build -q -t {update} - >/dev/null")
-    update_id = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {update}").stdout.strip()
-    layer = int(sh(HEAD, f"docker history --no-trunc --format '{{{{.Size}}}}' --human=false {update} | head -1").stdout)
-    update_run = transfer.image_fanout_command(update, update_id, [(WORKER, worker_ip)]).get_raw_value()
+
+    def top_layer(tag: str, mark: str) -> tuple[str, int]:
+        """The image with a top layer of TOP_LAYER random bytes (``mark``: each build its own layer)."""
+        sh(HEAD, f"printf 'FROM {image}\\nRUN head -c {TOP_LAYER} /dev/urandom > /opt/bench-top  # {mark}\\n' | "
+                 f"docker build -q -t {tag} - >/dev/null")
+        built = sh(HEAD, f"docker image inspect --format '{{{{.Id}}}}' {tag}").stdout.strip()
+        size = int(sh(HEAD, f"docker history --no-trunc --format '{{{{.Size}}}}' --human=false {tag} | head -1").stdout)
+        return built, size
+
+    before, after = "sparkbed/stage:bench-top-1", "sparkbed/stage:bench-top-2"
+    before_id, _ = top_layer(before, "1")
+    timed(HEAD, transfer.image_fanout_command(before, before_id, [(WORKER, worker_ip)]).get_raw_value())
+    after_id, layer = top_layer(after, "2")
+    update_run = transfer.image_fanout_command(after, after_id, [(WORKER, worker_ip)]).get_raw_value()
     update_seconds, update_bytes = moved(WORKER, lambda: timed(HEAD, update_run))
-    sh(WORKER, f"docker rmi -f {update} >/dev/null")
-    sh(HEAD, f"docker rmi -f {update} >/dev/null")
+    assert sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {after}").stdout.strip() == after_id
+    for tag in (before, after):
+        sh(WORKER, f"docker rmi -f {tag} >/dev/null")
+        sh(HEAD, f"docker rmi -f {tag} >/dev/null")
     for name, runs in image_times.items():
         print(f"image {image_size / 1e6:.0f} MB, {name}: " + ", ".join(
-            f"{s:.2f} s ({b / 2**20:.0f} MiB received)" for s, b in runs))
-    seeds_image, tool_image = min(s for s, _ in image_times["seeds"]), min(s for s, _ in image_times["tool"])
-    print(f"image first copy, best of 2: seeds {seeds_image:.2f} s, tool {tool_image:.2f} s "
+            f"{s:.2f} s ({b / 2**20:.0f} MiB received)" for s, b in runs) + f"; {spread([s for s, _ in runs])}")
+    seeds_image = statistics.median(s for s, _ in image_times["seeds"])
+    tool_image = statistics.median(s for s, _ in image_times["tool"])
+    print(f"image first copy, median of {ROUNDS}: seeds {seeds_image:.2f} s, tool {tool_image:.2f} s "
           f"(tool/seeds = {seeds_image / tool_image:.2f}); ID check when equal {id_check:.2f} s per node")
-    print(f"image update (one new {layer / 2**20:.0f} MiB top layer): tool {update_seconds:.2f} s, "
-          f"spark-2 received {update_bytes / 2**20:.0f} MiB = {update_bytes / layer:.1f}x the layer")
+    print(f"image update (the top layer, {layer / 2**20:.0f} MiB, changed): tool {update_seconds:.2f} s, "
+          f"spark-2 received {update_bytes / 2**20:.1f} MiB = {update_bytes / layer:.2f}x the layer")
     sh(WORKER, f"rm -rf {REPO_DIR} /home/spark2/seeds")
     sh(HEAD, f"rm -rf {REPO_DIR}")
     print(f"staging/pipe-into-null = {pipe / statistics.median(t for t, _ in figures['tool']):.2f}")
+    per_byte = [c / (t - fixed) for (c, _), (t, _) in zip(figures["ceiling"], figures["tool"])]
+    print(f"the step's fixed cost (a transfer with nothing to move) {fixed:.2f} s; without it, "
+          f"staging/ceiling each round: {' '.join(f'{r:.2f}' for r in per_byte)}")
     print(f"staging/ceiling = {min(ratios):.2f} (each round: {' '.join(f'{r:.2f}' for r in ratios)})")
     return 0
 

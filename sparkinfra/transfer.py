@@ -2,8 +2,8 @@
 Staging: one image ID and one verified model snapshot on every node, moved head -> workers over
 the fabric. Decided here; the operations in ``sparkinfra.operations`` run it.
 
-Images stream ``docker save | ssh | docker load`` from the head to each worker whose image ID
-differs (workers in parallel). Snapshots are pulled by each worker from a read-only rsync daemon
+Images stream from one ``docker save`` on the head to a ``docker load`` on each worker whose image
+ID differs (workers in parallel), each sent only the layers it lacks. Snapshots are pulled by each worker from a read-only rsync daemon
 that the head runs on its fabric address only while a transfer is under way, in several parallel
 streams, resuming partial files (``--append-verify``) and sending only what differs.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from pyinfra.api import StringCommand
+from pyinfra.api import QuoteString, StringCommand
 
 from . import scripts
 from .settings import Cluster
@@ -41,15 +41,15 @@ def tool_source() -> str:
 
 def pull_command(repo: str, source: str, streams: int, deep: bool = False) -> str:
     """
-    The command line a worker runs through the SSH mesh (its user's shell, then sudo): the script
-    ``scripts/stage_pull.sh`` with its arguments, the snapshot tool among them (base64: the worker
-    needs nothing installed but python3 and rsync).
+    The command line a worker runs through the SSH mesh (its user's shell, then sudo), the head's
+    manifest on its stdin: the script ``scripts/stage_pull.py`` with its arguments, the snapshot
+    tool among them (base64: the worker needs nothing installed but python3 and rsync).
 
     + source: the head's daemon, ``rsync://<head>:<port>/stage/``
     """
-    args = [repo, source, str(int(streams)), "1" if deep else "0", MANIFEST, _b64(tool_source())]
-    script = _b64(scripts.text("stage_pull.sh"))
-    return f'sudo -n sh -c "$(echo {script} | base64 -d)" stage_pull.sh {shlex.join(args)}'
+    args = [repo, source, str(int(streams)), "1" if deep else "0", _b64(tool_source())]
+    script = _b64(scripts.text("stage_pull.py"))
+    return f'sudo -n python3 -S -c "$(echo {script} | base64 -d)" {shlex.join(args)}'  # -S: stdlib only, ~5 ms less
 
 
 def head_transfer_command(repo: str, workers: list[str], bind_ip: str, port: int, streams: int,
@@ -61,17 +61,20 @@ def head_transfer_command(repo: str, workers: list[str], bind_ip: str, port: int
     + workers: the fabric IP of each worker whose copy differs
     """
     pull = pull_command(repo, f"rsync://{bind_ip}:{int(port)}/stage/", streams, deep)
-    return scripts.command("stage_head.sh", repo, bind_ip, str(int(port)), pull, *workers, shell="bash")
+    return scripts.command("stage_head.sh", repo, MANIFEST, bind_ip, str(int(port)), pull, *workers, shell="bash")
 
 
 def image_fanout_command(image: str, head_id: str, workers: list[tuple[str, str]]) -> StringCommand:
     """
-    The head's image fan-out (``scripts/image_fanout.sh``, as root): one ``docker save`` teed to a
-    ``docker load`` on each worker, then each worker's image ID checked against ``head_id``.
+    The head's image fan-out (``scripts/image_fanout.py``, as root): one ``docker save``, each
+    worker sent only the layers it lacks (``scripts/image_receive.sh`` in its SSH session says
+    which it has, then loads), then each worker's image ID checked against ``head_id``.
 
     + workers: ``(name, fabric IP)`` of each worker whose ID differs
     """
-    return scripts.command("image_fanout.sh", image, head_id, *(f"{name}={ip}" for name, ip in workers), shell="bash")
+    receive = f'sudo -n sh -c "$(echo {_b64(scripts.text("image_receive.sh"))} | base64 -d)" image_receive.sh {shlex.quote(image)}'
+    return StringCommand("python3", "-c", QuoteString(scripts.text("image_fanout.py")), QuoteString(image),
+                         QuoteString(head_id), QuoteString(receive), *(QuoteString(f"{name}={ip}") for name, ip in workers))
 
 
 def _b64(text: str) -> str:

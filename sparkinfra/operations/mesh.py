@@ -26,11 +26,20 @@ MESH_KNOWN_HOSTS = "/root/.ssh/sparkinfra_known_hosts"
 MESH_CONFIG = "/root/.ssh/config"  # the head's entries sit in a marked block (files.block)
 MESH_CONFIG_MARKER = "# {mark} sparkinfra fabric mesh"
 HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
+MESH_KEX = "curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com"
+MESH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 from .files import file_content, preparing, refuse
 
 
 def mesh_config(cluster: Cluster) -> str:
-    """The head's SSH config entries: one per worker fabric IP, with that worker's user."""
+    """
+    The head's SSH config entries: one per worker fabric IP, with that worker's user. On the
+    fabric's point-to-point link, the key exchange prefers curve25519 over OpenSSH's post-quantum
+    default (sntrup761x25519, still accepted): ~75 ms less for every session's start, which each
+    staging pull and image load pays; and the cipher AES-GCM over the default chacha20-poly1305
+    (still accepted): AES runs in hardware on both x86 and the Spark's Arm cores, ~1.8x the
+    stream's rate (449 against 252 MB/s on the bed's machine).
+    """
     blocks = []
     for worker in cluster.workers:
         blocks.append(
@@ -38,6 +47,8 @@ def mesh_config(cluster: Cluster) -> str:
             f"    User {worker.ssh_user}\n"
             f"    IdentityFile {MESH_KEY}\n"
             f"    IdentitiesOnly yes\n"
+            f"    KexAlgorithms {MESH_KEX}\n"
+            f"    Ciphers {MESH_CIPHERS}\n"
             f"    UserKnownHostsFile {MESH_KNOWN_HOSTS}\n"
             f"    StrictHostKeyChecking yes\n"
             f"    BatchMode yes"

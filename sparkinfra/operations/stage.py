@@ -127,7 +127,8 @@ def image_built(image: lanes.Image):
 def image_on_workers(image: str, workers: list):
     """
     Ensure every worker has the head's image ID: only workers whose ID differs receive it,
-    streamed from this host (the head) over the fabric, all at once; 0 bytes move otherwise.
+    streamed from this host (the head) over the fabric, all at once, each sent only the layers it
+    lacks (an image whose top layer changed moves that layer); 0 bytes move otherwise.
     A worker whose ID could not be read (docker not answering) stops the operation, naming it:
     nothing is streamed on an error.
 
@@ -146,7 +147,7 @@ def image_on_workers(image: str, workers: list):
     if not behind:
         host.noop(f"every worker has {image} {head_id[:19]}")
         return
-    # Bytes sent, rate and ETA every few seconds, then the total and its time.
+    # What it has read and sent every few seconds, then each worker's bytes, time and layers.
     yield shown(transfer.image_fanout_command(image, head_id, [(w.name, ipaddr) for w, ipaddr in behind]))
 
 

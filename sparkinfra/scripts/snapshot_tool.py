@@ -9,6 +9,8 @@ snapshot in HF-cache layout, and how a node's copy differs from it.
     python3 - plan REPO_DIR MANIFEST_FILE OUT_DIR STREAMS [--deep]
         -> drops what cannot be resumed, writes OUT_DIR/list.N (paths relative to the cache folder)
 
+A worker's pull (stage_pull.py) runs plan, wait_for, and adopt from this file.
+
 A node's manifest digest says everything about its copy: equal digests, equal snapshots (with
 ``--deep`` every sha256 is computed afresh instead of trusted from the size/mtime cache).
 
@@ -20,21 +22,28 @@ once and reused while a file's size and mtime stay the same.
 import hashlib
 import json
 import os
+import socket
 import sys
+import time
 
 MANIFEST = ".sparkinfra-manifest.json"
 SKIP_PREFIX = (".sparkinfra", ".locks")
+WAIT_SECONDS = 10
 
 
 def _walk(repo):
-    for root, dirs, files in os.walk(repo):
+    """(path relative to ``repo``, path) of every file and link under it, sorted, the tool's own
+    files left out. Relative paths are cut from the walk's (``os.path.relpath`` per file costs
+    more than the walk itself on a snapshot of many small files)."""
+    top = os.path.normpath(repo)
+    for root, dirs, files in os.walk(top):
         linked = [d for d in dirs if os.path.islink(os.path.join(root, d))]
         dirs[:] = sorted(d for d in dirs if d not in linked and not d.startswith(SKIP_PREFIX))
+        prefix = "" if root == top else root[len(top) + 1:] + "/"
         for name in sorted(files + linked):
             if name.startswith(SKIP_PREFIX):
                 continue
-            path = os.path.join(root, name)
-            yield os.path.relpath(path, repo), path
+            yield prefix + name, os.path.join(root, name)
 
 
 def _sha256(path):
@@ -171,6 +180,21 @@ def adopt(repo, wanted, pulled):
                 own[rel] = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                             "sha256": theirs[rel]["sha256"]}
     return manifest(repo, write=True, cached={"entries": list(own.values())})
+
+
+def wait_for(address, seconds=WAIT_SECONDS):
+    """Wait until ``HOST:PORT`` accepts a TCP connection (the head's daemon, started as the
+    worker's session was); an error naming it after ``seconds``."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"the head's rsync daemon at {address} did not answer in {seconds} s: {error}")
+            time.sleep(0.02)
 
 
 def pulled_paths(work_dir, name):

@@ -104,7 +104,8 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     # ... and the stage's: the recipe's build, the download, the image stream and the worker's pull.
     ref = re.escape(_lane_image("sim"))
     for said in (rf"build {ref}: built in \d+ s", r"download sparkbed/tiny-llama: \d+ MiB in \d+ s",
-                 rf"image {ref}: \d+ MiB to spark-2 in \d+ s, \d+ MiB/s", r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"):
+                 rf"image {ref} to spark-2: \d+ [KM]iB in \d+ s, \d+ [KM]iB/s; (all 2 layers|1 of 2 layers \(it has the other 1, \d+ MiB\))",
+                 r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"):
         assert re.search(rf"^\[spark-1\] {said}$", first.stderr, re.M), (said, progress)
     worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
     assert "--headless" in worker["Config"]["Cmd"] and "--node-rank" in worker["Config"]["Cmd"]
@@ -434,8 +435,9 @@ def test_the_ray_lane_survives_a_killed_worker_like_the_mp_lane(serving):
 
 def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(serving):
     """The image recipe gains a file and the mod a new greeting: one converge builds the new tag on
-    the head only, streams it to the worker, and restarts the lane on both; the files put back, the
-    next converge (another test's) finds both tags on every node and builds nothing."""
+    the head only, sends the worker only the changed top layer (it has the base below it), and
+    restarts the lane on both; a second converge moves nothing. The files put back, the next
+    converge (another test's) finds both tags on every node and builds nothing."""
     bed, _, _ = serving
     before = GREETING.read_text()
     try:
@@ -448,11 +450,22 @@ def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(se
         assert any(f"Every worker has the head's {ref}" in op for op in run.changed["spark-1"]), run.changed
         assert any("Mod sparkbed-hello of lane sim-b has greeting" in op for op in run.changed["spark-2"]), run.changed
         assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
+        # Images by layer (issue 21): the worker received the top layer (the recipe's rootfs/), not
+        # the base's 175 MiB again; the bytes sent within 1.5x that layer's size as docker counts it.
+        sent = re.search(rf"^\[spark-1\] image {re.escape(ref)} to spark-2: (\d+) ([KM])iB in \d+ s, [^;]*; "
+                         r"1 of 2 layers \(it has the other 1, \d+ MiB\)$", run.stderr, re.M)
+        assert sent, run.stderr[-3000:]
+        sent_bytes = int(sent[1]) << (10 if sent[2] == "K" else 20)
+        layer = int(bed.node("spark-1", f"docker history --no-trunc --human=false --format '{{{{.Size}}}}' {ref} | head -1").stdout)
+        assert sent_bytes <= 1.5 * layer + (64 << 10), (sent[0], layer)  # + the configs and tar headers
         assert [_mod_greeting(bed, n) for n in ("spark-1", "spark-2")] == ["hello from a changed mod"] * 2
         for node in ("spark-1", "spark-2"):  # the rank runs the new image, which holds the new file
             used = bed.node(node, f"docker inspect -f '{{{{.Config.Image}}}}' {CONTAINER}").stdout.strip()
             note = bed.node(node, f"docker exec {CONTAINER} cat /etc/sparkbed-lane-note", check=False).stdout
             assert (used, note) == (ref, "a changed recipe\n"), node
+        again = bed.converge(INV, "deploys/serve.py", "lane=sim-b")
+        assert not again.changed_hosts(), again.changed
+        assert f"image {ref} to spark-2" not in again.stderr
     finally:
         GREETING.write_text(before)
         NOTE.unlink(missing_ok=True)

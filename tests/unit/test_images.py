@@ -359,7 +359,8 @@ def worker(name: str, image_id: str | None) -> FakeHost:
 def test_the_image_streams_only_to_workers_whose_id_differs():
     commands, _, _ = fan_out(worker("spark-2", HEAD_ID), worker("spark-3", OLD_ID), worker("spark-4", None))
     assert len(commands) == 1
-    assert commands[0].endswith(f"image_fanout.sh {IMAGE} {HEAD_ID} spark-3=10.213.1.3 spark-4=10.213.1.4")
+    assert commands[0].startswith("python3 -c ") and f" {IMAGE} {HEAD_ID} " in commands[0]  # image_fanout.py
+    assert commands[0].endswith(" spark-3=10.213.1.3 spark-4=10.213.1.4")
     commands, noops, _ = fan_out(worker("spark-2", HEAD_ID))
     assert commands == [] and noops == [f"every worker has {IMAGE} {HEAD_ID[:19]}"]
 

@@ -735,7 +735,7 @@ def test_node_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert shellcheck, "shellcheck is not installed (make setup installs it)"
     found = sorted(SCRIPTS.glob("*.sh"))
-    assert {p.name for p in found} >= {"stage_pull.sh", "stage_head.sh", "image_fanout.sh"}
+    assert {p.name for p in found} >= {"stage_head.sh", "image_receive.sh"}
     proc = subprocess.run([shellcheck, "--severity=style", *map(str, found)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
@@ -753,10 +753,13 @@ def stubs(tmp_path: Path, **scripts: str) -> dict:
 SUDO = 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n'  # sudo -n CMD: run CMD
 
 
-def run_pull(tmp_path: Path, head: Path, worker_repo: Path, env: dict, deep: bool = False, **popen):
-    """``pull_command`` as a worker's shell gets it from the head's ssh, pulling from a local source."""
-    command = transfer.pull_command(str(worker_repo), f"{head.parent}/", 4, deep)
-    return subprocess.Popen(["sh", "-c", command], env=env, text=True, **popen)
+def run_pull(tmp_path: Path, head: Path, worker_repo: Path, env: dict, deep: bool = False,
+             source: str = "", **popen):
+    """``pull_command`` as a worker's shell gets it from the head's ssh (the head's manifest on its
+    stdin), pulling from a local source unless given one."""
+    command = transfer.pull_command(str(worker_repo), source or f"{head.parent}/", 4, deep)
+    with open(head / tool.MANIFEST) as manifest:
+        return subprocess.Popen(["sh", "-c", command], env=env, text=True, stdin=manifest, **popen)
 
 
 def staged_head(tmp_path: Path, **kw) -> Path:
@@ -824,6 +827,41 @@ def test_pull_reports_progress_then_what_it_pulled_and_lets_go_of_its_output_at_
     assert proc.returncode == 0
 
 
+def test_pull_from_the_heads_daemon_waits_for_its_port_and_sets_tcp_nodelay(tmp_path):
+    """The worker's session starts as the head's daemon does: the pull plans, waits until the port
+    answers (here 1 s late), then every rsync stream sets TCP_NODELAY (a stream's handshake is a
+    few small messages: ~0.1 s each with Nagle against delayed ACKs, ~0.03 s without)."""
+    head = staged_head(tmp_path)
+    worker = tmp_path / "worker" / head.name
+    log = tmp_path / "rsync.log"
+    env = stubs(tmp_path, sudo=SUDO, rsync=f'echo "$(date +%s.%N) $*" >> {log}\n')
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    began = time.time()
+    proc = run_pull(tmp_path, head, worker, env, source=f"rsync://127.0.0.1:{port}/stage/", stderr=subprocess.PIPE)
+    time.sleep(1)
+    with socket.socket() as daemon:
+        daemon.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        daemon.bind(("127.0.0.1", port))
+        daemon.listen()
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    pulls = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    assert pulls and all(float(at) >= began + 1 for at, _ in pulls), "a stream started before the daemon listened"
+    assert all("--sockopts=TCP_NODELAY" in args and args.endswith(f"rsync://127.0.0.1:{port}/stage/ .")
+               for _, args in pulls), pulls
+
+
+def test_the_pulls_wait_for_a_daemon_that_never_answers_ends_naming_it():
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    began = time.monotonic()
+    with pytest.raises(SystemExit, match=rf"the head's rsync daemon at 127\.0\.0\.1:{port} did not answer in 0\.5 s"):
+        tool.wait_for(f"127.0.0.1:{port}", seconds=0.5)
+    assert time.monotonic() - began < 3
+
+
 def test_pull_command_ships_no_file_list_and_fits_one_argument(tmp_path):
     """However many files a snapshot has, the commands carry none of them (each worker plans its own);
     on 8 nodes (7 workers) the head's command is one argument under Linux's MAX_ARG_STRLEN."""
@@ -837,27 +875,32 @@ def test_pull_command_ships_no_file_list_and_fits_one_argument(tmp_path):
 
 
 def head_run(tmp_path: Path, workers: list[str], failing: tuple = (), deep: bool = False):
-    """``head_transfer_command`` run with stand-ins for the daemon (it keeps its config) and ssh."""
+    """``head_transfer_command`` run with stand-ins for the daemon (it keeps its config) and ssh
+    (it keeps the command and what it read on stdin)."""
     seen = tmp_path / "seen"
     seen.mkdir()
+    repo = tmp_path / "hf" / "models--org--name"
+    repo.mkdir(parents=True)
+    (repo / transfer.MANIFEST).write_text('{"digest": "the head\'s"}')
     with socket.socket() as free:  # a free port for the stand-in daemon
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     listen = (f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
               f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(30)")
     env = stubs(
-        tmp_path,  # the daemon keeps its config, then listens: the head waits for the port
+        tmp_path,  # the daemon keeps its config, then listens
         rsync=(f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\n'
                f'exec {sys.executable} -c "{listen}"\n'),
         ssh=(
             'while [ "$1" = -o ]; do shift 2; done\n'
             f'printf %s "$2" > {seen}/pull.$1\n'
+            f'cat > {seen}/manifest.$1\n'
             f'case " {" ".join(failing)} " in *" $1 "*) exit 3;; esac\n'
         ),
     )
-    command = transfer.head_transfer_command(REPO_DIR, workers, "127.0.0.1", port, 6, deep)
+    command = transfer.head_transfer_command(str(repo), workers, "127.0.0.1", port, 6, deep)
     proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True, timeout=60)
-    return proc, seen, port
+    return proc, seen, port, repo
 
 
 def rsyncd_conf(text: str) -> dict:
@@ -875,125 +918,28 @@ def rsyncd_conf(text: str) -> dict:
 @pytest.mark.parametrize("deep", [False, True])
 def test_head_runs_a_read_only_daemon_for_the_workers_and_one_pull_each(tmp_path, deep):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    proc, seen, port = head_run(tmp_path, workers, deep=deep)
+    proc, seen, port, repo = head_run(tmp_path, workers, deep=deep)
     assert proc.returncode == 0, proc.stderr
     conf = rsyncd_conf((seen / "rsyncd.conf").read_text())
     assert conf[("", "address")] == "127.0.0.1" and conf[("", "port")] == str(port)
-    assert conf[("stage", "path")] == "/var/lib/sparkinfra/hf"
+    assert conf[("", "socket options")] == "TCP_NODELAY"
+    assert conf[("stage", "path")] == str(repo.parent)
     assert conf[("stage", "read only")] == "yes"
     assert conf[("stage", "hosts allow")].split() == workers
     assert conf[("stage", "hosts deny")] == "*"
-    expected = transfer.pull_command(REPO_DIR, f"rsync://127.0.0.1:{port}/stage/", 6, deep)
+    expected = transfer.pull_command(str(repo), f"rsync://127.0.0.1:{port}/stage/", 6, deep)
     for ip in workers:
         assert (seen / f"pull.{ip}").read_text() == expected  # the same command, once per worker
+        assert (seen / f"manifest.{ip}").read_text() == (repo / transfer.MANIFEST).read_text()  # on its stdin
     assert not list(Path("/run").glob("sparkinfra-stage.*")), "the daemon's folder is left"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the head's script runs as root (its folder is in /run)")
 def test_head_fails_when_a_worker_fails_after_every_worker_ran(tmp_path):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    proc, seen, _ = head_run(tmp_path, workers, failing=("10.213.1.3",))
+    proc, seen, _, _ = head_run(tmp_path, workers, failing=("10.213.1.3",))
     assert proc.returncode == 1
     assert all((seen / f"pull.{ip}").exists() for ip in workers)
 
 
-# image_fanout.sh: one docker save, teed to every worker's docker load (run with stand-ins
-# for docker and ssh: the workers' loads write what they received, their inspect reports an ID
-# only for a complete image)
-
-IMAGE_ID = "sha256:" + "ab" * 32
-
-
-def fanout(tmp_path, workers, broken=()):
-    seen = tmp_path / "seen"
-    seen.mkdir()
-    payload = tmp_path / "image.tar"
-    payload.write_bytes(os.urandom(3 << 20))  # more than a pipe buffer: the stream must flow to all
-    env = stubs(
-        tmp_path,
-        docker=f"[ \"$1\" = save ] || exit 2\necho save >> {seen}/saves\ncat {payload}\n",
-        ssh=(
-            "while [ \"$1\" = -o ]; do shift 2; done\n"
-            "ip=$1; shift\n"
-            f"echo $ip >> {seen}/sessions\n"
-            f"case \" {' '.join(broken)} \" in *\" $ip \"*) exit 255;; esac\n"
-            "case \"$*\" in\n"
-            f"  *'docker load'*'image inspect'*) cat > {seen}/$ip; cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
-            "  *) exit 2;;\n"
-            "esac\n"
-        ),
-    )
-    command = transfer.image_fanout_command("vllm-node:26.03", IMAGE_ID, workers).get_raw_value()
-    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
-    return proc, seen, payload
-
-
-def test_image_fanout_packs_once_and_every_worker_gets_all_of_it(tmp_path):
-    workers = [(f"spark-{i}", f"10.213.1.{i}") for i in range(2, 9)]
-    proc, seen, payload = fanout(tmp_path, workers)
-    assert proc.returncode == 0, proc.stderr
-    assert (seen / "saves").read_text() == "save\n"  # the head packs the image once, not once per worker
-    # One SSH session per worker: its load, then the ID it has (no second handshake for the check).
-    assert sorted((seen / "sessions").read_text().split()) == sorted(ip for _, ip in workers)
-    for _, ipaddr in workers:
-        assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
-
-
-def test_image_fanout_a_failing_worker_does_not_stop_the_others_and_is_named(tmp_path):
-    workers = [("spark-2", "10.213.1.2"), ("spark-3", "10.213.1.3"), ("spark-4", "10.213.1.4")]
-    proc, seen, payload = fanout(tmp_path, workers, broken=("10.213.1.3",))
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == f"spark-3: vllm-node:26.03 is missing, the head has {IMAGE_ID}"
-    for ipaddr in ("10.213.1.2", "10.213.1.4"):
-        assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
-
-
-FANOUT_PROGRESS = (r"image vllm-node:26\.03: (\d+) of about (\d+) MiB to spark-2, spark-3, \d+ MiB/s, ETA \d+ s"
-                   r"|image vllm-node:26\.03: (\d+) MiB to spark-2, spark-3, \d+ MiB/s")
-FANOUT_DONE = r"image vllm-node:26\.03: (\d+) MiB to spark-2, spark-3 in (\d+) s, \d+ MiB/s"
-
-
-@pytest.mark.parametrize("size", ["7340032", ""])  # docker's unpacked size (about the stream's), or none
-def test_image_fanout_reports_what_it_sent_once_a_period_then_its_total(tmp_path, size):
-    """6 MiB streamed in three parts 1.3 s apart, PROGRESS_EVERY=1: a line a second at most, from
-    what tee has read, and at the end what it read in all (counted once tee is gone)."""
-    seen = tmp_path / "seen"
-    seen.mkdir()
-    payload = tmp_path / "image.tar"
-    payload.write_bytes(os.urandom(6 << 20))
-    part = 2 << 20
-    env = stubs(
-        tmp_path,
-        docker=(
-            "case \"$1\" in\n"
-            f"  save) head -c {part} {payload}; sleep 1.3; tail -c +{part + 1} {payload} | head -c {part}; sleep 1.3\n"
-            f"        tail -c +{2 * part + 1} {payload};;\n"
-            f"  image) [ -n '{size}' ] && echo {size};;\n"
-            "esac\n"
-        ),
-        ssh=(
-            "while [ \"$1\" = -o ]; do shift 2; done\n"
-            "ip=$1; shift\n"
-            "case \"$*\" in\n"
-            f"  *'docker load'*'image inspect'*) cat > {seen}/$ip; cmp -s {seen}/$ip {payload} && echo {IMAGE_ID};;\n"
-            "esac\n"
-        ),
-    )
-    env["PROGRESS_EVERY"] = "1"
-    command = transfer.image_fanout_command(
-        "vllm-node:26.03", IMAGE_ID, [("spark-2", "10.213.1.2"), ("spark-3", "10.213.1.3")]).get_raw_value()
-    began = time.monotonic()
-    proc = subprocess.Popen(["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lines = [(time.monotonic() - began, line.rstrip("\n")) for line in proc.stdout]
-    assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    took = time.monotonic() - began
-    *progress, (_, last) = lines
-    assert progress and all(re.fullmatch(FANOUT_PROGRESS, line) for _, line in progress), progress
-    assert len(progress) <= took + 1 and all(b - a > 0.5 for (a, _), (b, _) in zip(progress, progress[1:])), progress
-    sent = [int(re.fullmatch(FANOUT_PROGRESS, line)[1] or re.fullmatch(FANOUT_PROGRESS, line)[3]) for _, line in progress]
-    assert sent == sorted(sent) and sent[0] >= 2 and sent[-1] <= 6, progress
-    assert bool(size) == all(" of about 7 MiB " in line for _, line in progress), progress
-    done = re.fullmatch(FANOUT_DONE, last)
-    assert done and done[1] == "6" and 2 <= int(done[2]) <= took + 1, last
-    for ipaddr in ("10.213.1.2", "10.213.1.3"):
-        assert (seen / ipaddr).read_bytes() == payload.read_bytes(), ipaddr
+# The image fan-out (image_fanout.py, image_receive.sh): tests/unit/test_image_fanout.py

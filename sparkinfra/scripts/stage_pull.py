@@ -1,0 +1,105 @@
+"""
+Run as root on a worker (sent by stage_head.sh through the SSH mesh, the head's manifest on stdin):
+drop what cannot be resumed, wait for the head's rsync daemon (started as this session was), pull
+what is missing or short in parallel streams (resumed with ``--append-verify``), then record this
+copy's own manifest. Prints its progress every PROGRESS_EVERY seconds (default 5), then what it
+pulled:
+
+    spark-2: 91 of 192 MiB, 18 MiB/s, ETA 5 s
+    spark-2: 192 MiB in 10 s, 19 MiB/s
+
+    python3 stage_pull.py REPO SOURCE STREAMS DEEP TOOL < MANIFEST
+
+    REPO      the repository's folder in the HF cache (models--org--name)
+    SOURCE    the head's daemon, rsync://<head fabric ip>:<port>/stage/ (or a local folder)
+    STREAMS   parallel rsync streams
+    DEEP      1: hash every file, not only those whose size or mtime changed; 0: do not
+    TOOL      the snapshot tool (snapshot_tool.py), base64: its plan, wait and record
+    MANIFEST  the head's manifest of the snapshot (its .sparkinfra-manifest.json)
+
+One process from the plan to the record: the step's fixed cost is what a transfer with nothing to
+move takes, paid by every pull. Each connection to the daemon sets TCP_NODELAY (as the daemon
+does): rsync's handshake is a few small messages each way, and with Nagle's algorithm against
+delayed ACKs each stream's start costs ~0.1 s instead of ~0.03 s.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+
+
+def apparent_size(folder: str) -> int:
+    """The bytes of every file and link under ``folder`` (``du -sb``'s count, without folders)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def progress(repo: str, need: int, start: int, began: float, done: threading.Event) -> None:
+    every = float(os.environ.get("PROGRESS_EVERY", "5"))
+    host = socket.gethostname()
+    while not done.wait(every):
+        moved = apparent_size(repo) - start
+        seconds = max(int(time.monotonic() - began), 1)
+        rate = moved // seconds
+        eta = max(need - moved, 0) // rate if rate > 0 else 0
+        print(f"{host}: {moved >> 20} of {need >> 20} MiB, {rate >> 20} MiB/s, ETA {eta} s", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    repo, source, streams, deep, tool_text = argv
+    repo = repo.rstrip("/")
+    tool = types.ModuleType("snapshot_tool")
+    exec(compile(base64.b64decode(tool_text), "snapshot_tool.py", "exec"), tool.__dict__)
+    wanted = json.load(sys.stdin)
+    daemon = source.startswith("rsync://")
+    os.makedirs(repo, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        need = tool.plan(repo, wanted, work, int(streams), deep=deep == "1")["bytes_needed"]
+        if daemon:
+            tool.wait_for(source[len("rsync://"):].split("/", 1)[0])
+        start, began = apparent_size(repo), time.monotonic()
+        done = threading.Event()
+        reporter = threading.Thread(target=progress, args=(repo, need, start, began, done), daemon=True)
+        reporter.start()
+        pulls = []
+        for name in sorted(os.listdir(work)):
+            if not (name.startswith("list.") and name[5:].isdigit()):
+                continue
+            log = open(os.path.join(work, name + ".log"), "w+b")
+            command = ["rsync", "-a", "--partial", "--inplace", "--append-verify"]
+            command += ["--sockopts=TCP_NODELAY"] if daemon else []
+            command += [f"--files-from={os.path.join(work, name)}", source, "."]
+            pulls.append((subprocess.Popen(command, cwd=os.path.dirname(repo), stdin=subprocess.DEVNULL,
+                                           stdout=log, stderr=subprocess.STDOUT), log))
+        failed = [log for proc, log in pulls if proc.wait() != 0]
+        done.set()
+        reporter.join()  # no progress line after the last one
+        for log in failed:
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace"))
+        if failed:
+            return 1
+        moved, seconds = apparent_size(repo) - start, max(int(time.monotonic() - began), 0)
+        tool.adopt(repo, wanted, tool.pulled_paths(work, os.path.basename(repo)))
+    rate = moved // max(seconds, 1)
+    print(f"{socket.gethostname()}: {moved >> 20} MiB in {seconds} s, {rate >> 20} MiB/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
