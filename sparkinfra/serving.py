@@ -82,31 +82,31 @@ def env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.env"
 
 
+# Where a lane leaves a file or folder besides the shared runner: ``folder/<prefix><lane><suffix>``.
+# The one list ``lane_paths`` and ``lane_of_path`` read (a longer suffix before one it ends with).
+LANE_PLACES = (
+    ("/etc/systemd/system", "sparkinfra-lane-", ".service"),  # its unit
+    (PLANS_DIR, "", ".json"), (PLANS_DIR, "", ".env"), (PLANS_DIR, "", ".secret.env"),  # plan, env files
+    (STATE_DIR, "", ".validated"), (STATE_DIR, "", ".check.json"), (STATE_DIR, "", ".history"),  # the head's
+    (MODS_DIR, "", ""),  # its mods
+    *((MARKS_DIR, "", f".{name}") for name in MARK_NAMES),  # lane_ctl's runtime marks
+)
+
+
 def lane_paths(lane: str) -> list[str]:
     """Every file and folder a lane leaves on a node besides the shared runner: its unit, plan, env
     files, the head's validation marks and restart history, its mods, its runtime marks (what goes
     when it is not the cluster's lane any more)."""
-    return [
-        f"/etc/systemd/system/{unit_name(lane)}",
-        plan_path(lane), env_path(lane), secret_env_path(lane),
-        validated_path(lane), f"{STATE_DIR}/{lane}.check.json", history_path(lane),
-        f"{MODS_DIR}/{lane}",
-        *(f"{MARKS_DIR}/{lane}.{name}" for name in MARK_NAMES),
-    ]
+    return [f"{folder}/{prefix}{lane}{suffix}" for folder, prefix, suffix in LANE_PLACES]
 
 
 def lane_of_path(path: str) -> str | None:
     """The lane a path of ``lane_paths`` belongs to (None: not a lane's)."""
     folder, _, name = path.rstrip("/").rpartition("/")
-    if folder == "/etc/systemd/system" and name.startswith("sparkinfra-lane-") and name.endswith(".service"):
-        return name[len("sparkinfra-lane-"):-len(".service")]
-    if folder == MODS_DIR:
-        return name
-    for where, suffixes in ((PLANS_DIR, (".secret.env", ".json", ".env")),
-                            (STATE_DIR, (".validated", ".check.json", ".history")),
-                            (MARKS_DIR, tuple(f".{m}" for m in MARK_NAMES))):
-        if folder == where:
-            return next((name[:-len(s)] for s in suffixes if name.endswith(s) and len(name) > len(s)), None)
+    places = sorted((p for p in LANE_PLACES if p[0] == folder), key=lambda p: -len(p[2]))
+    for _, prefix, suffix in places:
+        if name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix):
+            return name[len(prefix):len(name) - len(suffix)]
     return None
 
 

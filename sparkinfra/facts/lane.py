@@ -104,10 +104,15 @@ class LaneStatus(FactBase):
     .. code:: python
 
         {
-            "unit": "active", "planned": "9f2c...", "started": "9f2c...", "warm": "9f2c...",
+            "lane": "sim", "unit": "active", "planned": "9f2c...", "started": "9f2c...", "warm": "9f2c...",
             "container": "true sha256:...", "workers": {"10.0.0.2": "active"},
             "api": "ok",                  # or "down", or the failing HTTP answer
             "others": [],                 # other lanes' units active here
+            "age": 310,                   # seconds since this start (None: not started)
+            "api_key": "current",         # or "changed" (the key the start used is not the settings'), None
+            "history": [{"event": "start", "why": "a converge: ...", "at": 1764999000.0}, ...],
+                                          # the head's last 5 starts, readies and stops (head only)
+            "failures": None,             # the head's count of failures in a row (with probe)
         }
 
     + lane: the lane's name

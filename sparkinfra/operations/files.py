@@ -5,6 +5,7 @@ one fact, uploaded only when it differs.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shlex
@@ -140,27 +141,37 @@ def text_block(path: str, marker: str, content: str = "", present: bool = True):
 # -------
 
 
+@contextlib.contextmanager
+def private_folder(host):
+    """
+    A folder only the SSH user can enter (``mktemp -d`` as that user), removed on leaving; None if
+    it could not be made.
+    """
+    ok, output = host.run_shell_command(StringCommand("mktemp", "-d"), _sudo=False)
+    private = output.stdout.strip() if ok else ""
+    if not private.startswith("/"):
+        yield None
+        return
+    try:
+        yield private
+    finally:
+        host.run_shell_command(StringCommand("rm", "-rf", QuoteString(private)), _sudo=False)
+
+
 def put_private(host, content: str | bytes, path: str, mode: str = "600", user: str = "root",
                 group: str = "root") -> bool:
     """
     Upload ``content`` into ``path`` so that no one but its owner can read it at any moment:
     pyinfra's sudo upload passes through a temp file the SSH user writes (``/tmp`` by default,
-    readable by others); here that file is in a folder only the SSH user can enter (``mktemp -d``),
-    and the destination has its owner and mode before the copy fills it.
+    readable by others); here that file is in a ``private_folder``, and the destination has its
+    owner and mode before the copy fills it.
     """
-    q = QuoteString(path)
-    made = StringCommand("install", "-m", mode, "-o", user, "-g", group, "/dev/null", q)
+    made = StringCommand("install", "-m", mode, "-o", user, "-g", group, "/dev/null", QuoteString(path))
     if not host.run_shell_command(made, _sudo=True)[0]:
         return False
-    ok, output = host.run_shell_command(StringCommand("mktemp", "-d"), _sudo=False)
-    private = output.stdout.strip() if ok else ""
-    if not private.startswith("/"):
-        return False
     data = io.BytesIO(content) if isinstance(content, bytes) else io.StringIO(content)
-    try:
-        return host.put_file(data, path, remote_temp_filename=f"{private}/upload", _sudo=True)
-    finally:
-        host.run_shell_command(StringCommand("rm", "-rf", QuoteString(private)), _sudo=False)
+    with private_folder(host) as private:
+        return bool(private) and host.put_file(data, path, remote_temp_filename=f"{private}/upload", _sudo=True)
 
 
 def put_secret(host, content: str, path: str) -> bool:
@@ -171,21 +182,15 @@ def put_secret(host, content: str, path: str) -> bool:
 def same_on_node(host, content: str, path: str) -> bool:
     """
     Whether ``path`` holds ``content``, compared on the node (``cmp``): the value goes up into a
-    folder only the SSH user can enter and is removed at once. No digest of it is computed, so
-    none can reach pyinfra's output (``-vvv`` prints every fact's answer) to be tested offline.
+    ``private_folder`` and is removed at once. No digest of it is computed, so none can reach
+    pyinfra's output (``-vvv`` prints every fact's answer) to be tested offline.
     """
-    ok, output = host.run_shell_command(StringCommand("mktemp", "-d"), _sudo=False)
-    private = output.stdout.strip() if ok else ""
-    if not private.startswith("/"):
-        return False
-    try:
-        if not host.put_file(io.StringIO(content), f"{private}/candidate", _sudo=False):
+    with private_folder(host) as private:
+        if not private or not host.put_file(io.StringIO(content), f"{private}/candidate", _sudo=False):
             return False
         same, _ = host.run_shell_command(
             StringCommand("cmp", "-s", QuoteString(path), QuoteString(f"{private}/candidate")), _sudo=True)
         return same
-    finally:
-        host.run_shell_command(StringCommand("rm", "-rf", QuoteString(private)), _sudo=False)
 
 
 @operation()

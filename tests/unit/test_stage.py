@@ -889,10 +889,11 @@ def head_run(tmp_path: Path, workers: list[str], failing: tuple = (), deep: bool
               f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(30)")
     env = stubs(
         tmp_path,  # the daemon keeps its config, then listens
-        rsync=(f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\n'
+        rsync=(f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/conf && mv {seen}/conf {seen}/rsyncd.conf;; esac; done\n'
                f'exec {sys.executable} -c "{listen}"\n'),
-        ssh=(
+        ssh=(  # as a worker's pull does, it waits for the daemon (here: its config kept) before it ends
             'while [ "$1" = -o ]; do shift 2; done\n'
+            f'for _ in $(seq 100); do [ -e {seen}/rsyncd.conf ] && break; sleep 0.05; done\n'
             f'printf %s "$2" > {seen}/pull.$1\n'
             f'cat > {seen}/manifest.$1\n'
             f'case " {" ".join(failing)} " in *" $1 "*) exit 3;; esac\n'
