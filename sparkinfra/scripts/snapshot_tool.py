@@ -9,7 +9,7 @@ snapshot in HF-cache layout, and how a node's copy differs from it.
     python3 - plan REPO_DIR MANIFEST_FILE OUT_DIR STREAMS [--deep]
         -> drops what cannot be resumed, writes OUT_DIR/list.N (paths relative to the cache folder)
 
-A worker's pull (stage_pull.py) runs plan, wait_for, and adopt from this file.
+A worker's pull (stage_pull.py) runs plan, plan_lists and adopt from this file.
 
 A node's manifest digest says everything about its copy: equal digests, equal snapshots (with
 ``--deep`` every sha256 is computed afresh instead of trusted from the size/mtime cache).
@@ -22,13 +22,10 @@ once and reused while a file's size and mtime stay the same.
 import hashlib
 import json
 import os
-import socket
 import sys
-import time
 
 MANIFEST = ".sparkinfra-manifest.json"
 SKIP_PREFIX = (".sparkinfra", ".locks")
-WAIT_SECONDS = 10
 
 
 def _walk(repo):
@@ -182,28 +179,18 @@ def adopt(repo, wanted, pulled):
     return manifest(repo, write=True, cached={"entries": list(own.values())})
 
 
-def wait_for(address, seconds=WAIT_SECONDS):
-    """Wait until ``HOST:PORT`` accepts a TCP connection (the head's daemon, started as the
-    worker's session was); an error naming it after ``seconds``."""
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            socket.create_connection((host, int(port)), timeout=1).close()
-            return
-        except OSError as error:
-            if time.monotonic() >= deadline:
-                raise SystemExit(f"the head's rsync daemon at {address} did not answer in {seconds} s: {error}")
-            time.sleep(0.02)
+def plan_lists(work_dir):
+    """The ``list.N`` files a plan wrote in ``work_dir`` (one per stream), in order."""
+    return [os.path.join(work_dir, entry) for entry in sorted(os.listdir(work_dir))
+            if entry.startswith("list.") and entry[5:].isdigit()]
 
 
 def pulled_paths(work_dir, name):
     """The repo-relative paths listed in a plan's ``list.N`` files."""
     paths = []
-    for entry in sorted(os.listdir(work_dir)):
-        if entry.startswith("list.") and entry[5:].isdigit():
-            with open(os.path.join(work_dir, entry)) as f:
-                paths += [line.strip()[len(name) + 1:] for line in f if line.strip().startswith(name + "/")]
+    for listed in plan_lists(work_dir):
+        with open(listed) as f:
+            paths += [line.strip()[len(name) + 1:] for line in f if line.strip().startswith(name + "/")]
     return paths
 
 

@@ -14,7 +14,7 @@ pulled:
     SOURCE    the head's daemon, rsync://<head fabric ip>:<port>/stage/ (or a local folder)
     STREAMS   parallel rsync streams
     DEEP      1: hash every file, not only those whose size or mtime changed; 0: do not
-    TOOL      the snapshot tool (snapshot_tool.py), base64: its plan, wait and record
+    TOOL      the snapshot tool (snapshot_tool.py), base64: its plan and record
     MANIFEST  the head's manifest of the snapshot (its .sparkinfra-manifest.json)
 
 One process from the plan to the record: the step's fixed cost is what a transfer with nothing to
@@ -35,6 +35,24 @@ import tempfile
 import threading
 import time
 import types
+
+
+WAIT_SECONDS = 10
+
+
+def wait_for(address: str, seconds: float = WAIT_SECONDS) -> None:
+    """Wait until ``HOST:PORT`` accepts a TCP connection (the head's daemon, started as the
+    worker's session was); an error naming it after ``seconds``."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"the head's rsync daemon at {address} did not answer in {seconds} s: {error}")
+            time.sleep(0.02)
 
 
 def apparent_size(folder: str) -> int:
@@ -71,19 +89,17 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as work:
         need = tool.plan(repo, wanted, work, int(streams), deep=deep == "1")["bytes_needed"]
         if daemon:
-            tool.wait_for(source[len("rsync://"):].split("/", 1)[0])
+            wait_for(source[len("rsync://"):].split("/", 1)[0])
         start, began = apparent_size(repo), time.monotonic()
         done = threading.Event()
         reporter = threading.Thread(target=progress, args=(repo, need, start, began, done), daemon=True)
         reporter.start()
         pulls = []
-        for name in sorted(os.listdir(work)):
-            if not (name.startswith("list.") and name[5:].isdigit()):
-                continue
-            log = open(os.path.join(work, name + ".log"), "w+b")
+        for listed in tool.plan_lists(work):
+            log = open(listed + ".log", "w+b")
             command = ["rsync", "-a", "--partial", "--inplace", "--append-verify"]
             command += ["--sockopts=TCP_NODELAY"] if daemon else []
-            command += [f"--files-from={os.path.join(work, name)}", source, "."]
+            command += [f"--files-from={listed}", source, "."]
             pulls.append((subprocess.Popen(command, cwd=os.path.dirname(repo), stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=subprocess.STDOUT), log))
         failed = [log for proc, log in pulls if proc.wait() != 0]

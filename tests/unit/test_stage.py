@@ -25,6 +25,7 @@ from spark_cluster import load_cluster
 from sparkbed.snapshots import make_snapshot
 from sparkinfra import transfer
 from sparkinfra.scripts import snapshot_tool as tool
+from sparkinfra.scripts import stage_pull
 
 KIB = 1024
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -858,7 +859,7 @@ def test_the_pulls_wait_for_a_daemon_that_never_answers_ends_naming_it():
         port = free.getsockname()[1]
     began = time.monotonic()
     with pytest.raises(SystemExit, match=rf"the head's rsync daemon at 127\.0\.0\.1:{port} did not answer in 0\.5 s"):
-        tool.wait_for(f"127.0.0.1:{port}", seconds=0.5)
+        stage_pull.wait_for(f"127.0.0.1:{port}", seconds=0.5)
     assert time.monotonic() - began < 3
 
 
