@@ -7,8 +7,9 @@ Prints, for a synthetic snapshot (>= 2 GiB: a few large shards, many small files
 three rounds in rotated order (the machine's speed drifts; one lucky or unlucky run decides nothing)
 of: the raw pipe ceiling (TCP, no protocol, into a file on the worker's disk: the path any copy of
 the snapshot must take), the seeds' method (``rsync -a`` over ssh, default cipher) and the tool's
-staging step (what ``deploys/stage.py`` runs), each with the bytes the worker's fabric port
-received; the raw pipe into /dev/null; the step's fixed cost (a transfer with nothing to move);
+staging step (what ``deploys/stage.py`` runs: the head's daemon started, the worker's pull, the
+daemon stopped, each on an SSH connection opened before, as pyinfra holds one to every host for
+the whole run), each with the bytes the worker's fabric port received; the raw pipe into /dev/null; the step's fixed cost (a transfer with nothing to move);
 and the no-op restage (the worker's check, a whole
 ``pyinfra … deploys/stage.py`` run, and pyinfra's floor: a run that only connects and reads one
 fact; best of 3 each). Then the image: ``docker save | ssh | docker load`` against the tool's
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +43,8 @@ HEAD, WORKER = "spark-1", "spark-2"
 REPO, REV = "sparkbed/bench-moe", "bench000000000000000000000000000000000001"
 CACHE = "/var/lib/sparkinfra/hf"
 REPO_DIR = transfer.repo_dir(CACHE, REPO)
+# 2 GiB: a copy the worker's page cache takes whole (this machine's disk writes back at its own
+# varying pace: past ~2.3 GiB dirty, a method that keeps its copy would measure the disk).
 LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 4, 512 << 20, 400, 64 << 10
 PY = str(Path(sys.executable))
 ROUNDS = 3
@@ -63,8 +68,16 @@ def timed(node: str, command: str) -> float:
     return time.monotonic() - started
 
 
-def drop_worker_copy() -> None:
+def fresh_start() -> None:
+    """Each method starts alike: no copy on the worker (nor one still writing back), the head's
+    snapshot in its page cache (this machine pages out what stays unread for a few seconds: the
+    method after a slow one would read from disk)."""
     sh(WORKER, f"rm -rf {REPO_DIR} /home/spark2/seeds; sync")
+    warm_head()
+
+
+def warm_head() -> None:
+    sh(HEAD, f"cat {REPO_DIR}/blobs/* > /dev/null")
 
 
 def rate(seconds: float, size: int) -> str:
@@ -85,6 +98,29 @@ def moved(node: str, run) -> tuple[float, int]:
 
 def spread(values: list[float]) -> str:
     return f"min {min(values):.2f} / median {statistics.median(values):.2f} / max {max(values):.2f} s"
+
+
+def connect(node: bed.SimNode, control: Path) -> list[str]:
+    """Open an SSH connection from the controller (the management namespace) to ``node``, as pyinfra
+    holds one to every host for its whole run; returns the command line that runs a command as
+    root on it (a new session on that connection, through sudo, as pyinfra's operations run)."""
+    ssh = ["ip", "netns", "exec", bed.MGMT_NS, "ssh", "-i", str(bed.controller_key()), "-o", "BatchMode=yes",
+           "-o", f"UserKnownHostsFile={bed.known_hosts()}", "-S", str(control / node.name), f"{node.user}@{node.mgmt_ip}"]
+    # ControlPersist: at most the benchmark's length, should it die before disconnect().
+    subprocess.run([*ssh, "-o", "ControlMaster=yes", "-o", "ControlPersist=900", "true"], check=True,
+                   stdin=subprocess.DEVNULL)
+    return [*ssh, "sudo", "-n", "sh", "-c"]
+
+
+def disconnect(control: Path) -> None:
+    """Close every connection ``connect`` opened with sockets in ``control``."""
+    for socket in control.iterdir():
+        subprocess.run(["ip", "netns", "exec", bed.MGMT_NS, "ssh", "-S", str(socket), "-O", "exit", "x"],
+                       capture_output=True)
+
+
+def on(connection: list[str], command: str) -> None:
+    subprocess.run([*connection, shlex.quote(command)], check=True, capture_output=True, stdin=subprocess.DEVNULL)
 
 
 def pyinfra(*args: str) -> float:
@@ -112,34 +148,53 @@ def raw_pipe(worker_ip: str, receive: str) -> float:
 
 
 def main() -> int:
+    control = Path(tempfile.mkdtemp(prefix="staging-bench-"))  # the SSH connections' sockets
+    try:
+        return benchmark(control)
+    finally:
+        disconnect(control)
+        shutil.rmtree(control, ignore_errors=True)
+
+
+def benchmark(control: Path) -> int:
     if bed.container_pid(HEAD) is None or bed.container_pid(WORKER) is None:
         bed.up(2)
     data = ["--data", f"model={REPO}", "--data", f"model_revision={REV}", "--data", "lane="]
     pyinfra("inventory/sim.py", "deploys/prepare.py")
     bed.make_snapshot(bed.node_dir(HEAD) / f"root{CACHE}", REPO, REV, large=LARGE, large_bytes=LARGE_BYTES,
                       small=SMALL, small_bytes=SMALL_BYTES, seed=1)
-    sh(HEAD, f"cat {REPO_DIR}/blobs/* > /dev/null")  # every method reads from the page cache
     size = int(sh(HEAD, f"du -sbL {REPO_DIR}/blobs | cut -f1").stdout.split()[0])
     head_ip, worker_ip = bed.sim_nodes(2)[0].fabric_ip, bed.sim_nodes(2)[1].fabric_ip
     print(f"snapshot: {LARGE} x {LARGE_BYTES >> 20} MiB + {SMALL} x {SMALL_BYTES >> 10} KiB = {size / 2**30:.2f} GiB")
     sh(HEAD, snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
     _, settings = settings_of("inventory/sim.py")
     streams = settings.clusters["sim"].config.stage_streams  # as deploys/stage.py runs it on the bed
-    transfer_command = transfer.head_transfer_command(REPO_DIR, [worker_ip], head_ip, 8730, streams).get_raw_value()
+    # deploys/stage.py's three steps (sparkinfra.operations.stage: snapshot_served, snapshot_pulled)
+    serve = transfer.serve_command(REPO_DIR, [worker_ip], head_ip, 8730).get_raw_value()
+    pull = transfer.pull_command(REPO_DIR, transfer.source(head_ip, 8730), streams).get_raw_value()
+    stop = f"systemctl stop {transfer.STAGE_UNIT}"
+    to_head, to_worker = (connect(node, control) for node in bed.sim_nodes(2)[:2])
+
+    def transfer_step() -> float:
+        started = time.monotonic()
+        on(to_head, serve)
+        on(to_worker, pull)
+        on(to_head, stop)
+        return time.monotonic() - started
 
     def ceiling() -> float:  # the raw pipe into a file on the worker's disk
-        drop_worker_copy()  # as for the others: no copy left writing back behind it
+        fresh_start()
         seconds = raw_pipe(worker_ip, CEILING_RECEIVER)
         sh(WORKER, "rm -f /var/tmp/ceiling")
         return seconds
 
     def seeds() -> float:  # rsync -a over ssh, OpenSSH's default cipher and key exchange (the mesh's user and key)
-        drop_worker_copy()
+        fresh_start()
         return timed(HEAD, f"rsync -a -e {shlex.quote(SEEDS_SSH)} {REPO_DIR}/ {worker_ip}:/home/spark2/seeds/")
 
-    def tool() -> float:  # what snapshot_on_workers runs: the head's daemon, the worker's parallel pulls
-        drop_worker_copy()
-        return timed(HEAD, transfer_command)
+    def tool() -> float:  # the head's daemon, the worker's pull (its parallel streams), the daemon stopped
+        fresh_start()
+        return transfer_step()
 
     methods = {"ceiling": ceiling, "seeds": seeds, "tool": tool}
     order = list(methods)
@@ -149,10 +204,11 @@ def main() -> int:
             figures[name].append(moved(WORKER, methods[name]))
     tool()  # (untimed) the worker holds the tool's copy for the checks below
     digest = json.loads(sh(HEAD, snapshot_tool_command("manifest", REPO_DIR).get_raw_value()).stdout)["digest"]
+    warm_head()
     pipe = raw_pipe(worker_ip, "while c.recv(1 << 20): pass")
-    # The step's fixed cost: the same transfer with nothing to move (the worker's SSH session and
-    # sudo, the daemon, the plan and the record), best of 3.
-    fixed = min(timed(HEAD, transfer_command) for _ in range(3))
+    # The step's fixed cost: the same transfer with nothing to move (the daemon's unit, the worker's
+    # session and sudo, its plan and record, the unit's stop), best of 3.
+    fixed = min(transfer_step() for _ in range(3))
 
     # The no-op restage: the worker's check alone, and a whole converge of deploys/stage.py.
     started = time.monotonic()
@@ -190,8 +246,12 @@ def main() -> int:
     image_times: dict[str, list[tuple[float, int]]] = {"seeds": [], "tool": []}
     for r in range(ROUNDS):
         for name in (["seeds", "tool"] if r % 2 == 0 else ["tool", "seeds"]):
-            sh(WORKER, f"docker rmi -f {quoted} >/dev/null")
+            # A first copy: the worker keeps no image (a lane image built on this one holds its layers).
+            sh(WORKER, "docker images -q | sort -u | xargs -r docker rmi -f >/dev/null")
             image_times[name].append(moved(WORKER, lambda: timed(HEAD, image_methods[name])))
+    seeds_bytes = min(b for _, b in image_times["seeds"])
+    if any(b < 0.9 * seeds_bytes for _, b in image_times["tool"]):
+        raise SystemExit(f"the worker kept layers of {image} (a container holds them): the tool's rounds were no first copy")
     started = time.monotonic()
     got = sh(WORKER, f"docker image inspect --format '{{{{.Id}}}}' {quoted}").stdout.strip()
     id_check = time.monotonic() - started

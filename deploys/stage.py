@@ -15,7 +15,8 @@ from sparkinfra.operations.stage import (
     snapshot_downloaded,
     snapshot_manifest,
     snapshot_matches,
-    snapshot_on_workers,
+    snapshot_pulled,
+    snapshot_served,
 )
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
@@ -48,6 +49,8 @@ if here.is_head:
         image=image.ref,
         workers=workers,
     )
+head = inventory.get_host(cluster.head.name)
+source = transfer.source(str(cluster.head.fabric_ip), config.stage_port)
 for repo, revision in transfer.models(cluster):
     repo_dir = transfer.repo_dir(config.model_dir, repo)
     if here.is_head:
@@ -64,19 +67,35 @@ for repo, revision in transfer.models(cluster):
             name=f"Manifest of {repo} is current on the head",
             repo_dir=repo_dir,
         )
-        snapshot_on_workers(
-            name=f"Every worker's {repo} matches the head's manifest",
-            repo_dir=repo_dir,
-            workers=workers,
-            bind_ip=str(cluster.head.fabric_ip),
-            port=config.stage_port,
-            streams=config.stage_streams,
-            deep=deep,
-        )
-    # On every node (the head checks its own copy): also keeps this step after the head's.
+    # On every node, each in turn (pyinfra orders an operation after those every node ran before it):
+    # the head starts its daemon, every worker whose copy differs pulls, the head stops the daemon,
+    # and each node's copy, the head's too, is checked (a mismatch after the pulls names the files).
+    snapshot_served(
+        name=f"The head serves {repo} to the workers whose copy differs",
+        repo_dir=repo_dir,
+        head=head,
+        workers=workers,
+        bind_ip=str(cluster.head.fabric_ip),
+        port=config.stage_port,
+        deep=deep,
+    )
+    snapshot_pulled(
+        name=f"Each worker's {repo} is pulled from the head where it differs",
+        repo_dir=repo_dir,
+        head=head,
+        source=source,
+        streams=config.stage_streams,
+        deep=deep,
+    )
+    snapshot_served(
+        name=f"The head no longer serves {repo}",
+        repo_dir=repo_dir,
+        head=head,
+        present=False,
+    )
     snapshot_matches(
         name=f"{repo} on every node matches the head's manifest",
         repo_dir=repo_dir,
-        head=inventory.get_host(cluster.head.name),
+        head=head,
         deep=deep,
     )

@@ -1,7 +1,7 @@
 """
 Stop serving: every lane's units stopped (and not started at boot) on every node, their containers
 removed, and what each lane left (units, plans, env files, the head's API-key file, validation marks,
-mods, runtime marks). Images, weights, the runner, the fabric and NCCL setup stay: a converge serves
+mods, runtime marks), and the head's staging daemon if a dead controller left one. Images, weights, the runner, the fabric and NCCL setup stay: a converge serves
 again, moving nothing. The head's restart history of each lane stays too (``status`` tells when and
 why the lane last stopped); a lane switch or a full teardown removes it.
 
@@ -39,6 +39,7 @@ from sparkinfra.operations.mesh import (
     ssh_key_present,
 )
 from sparkinfra.operations.nccl import NCCL_ENV_FILE
+from sparkinfra.operations.stage import snapshot_served
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
 cluster = here.cluster
@@ -59,6 +60,12 @@ lane_files = other_lanes_absent(
     keep_history=True,
 )
 systemd.daemon_reload(name="systemd has forgotten the lanes' units", _if=lane_files.did_change)
+snapshot_served(  # a staging daemon a controller that died mid-transfer left
+    name=f"The head serves nothing from {config.model_dir}",
+    repo_dir=config.model_dir,
+    head=inventory.get_host(cluster.head.name),
+    present=False,
+)
 
 if config.teardown == "full":
     fabric = cluster.fabric

@@ -26,7 +26,7 @@ def shown(command: StringCommand | str) -> FunctionCommand:
 
     .. code:: python
 
-        yield shown(transfer.head_transfer_command(...))
+        yield shown(transfer.pull_command(...))
     """
     arguments = {
         key: value for key, value in (host.current_op_global_arguments or {}).items()

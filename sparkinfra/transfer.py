@@ -3,9 +3,11 @@ Staging: one image ID and one verified model snapshot on every node, moved head 
 the fabric. Decided here; the operations in ``sparkinfra.operations`` run it.
 
 Images stream from one ``docker save`` on the head to a ``docker load`` on each worker whose image
-ID differs (workers in parallel), each sent only the layers it lacks. Snapshots are pulled by each worker from a read-only rsync daemon
-that the head runs on its fabric address only while a transfer is under way, in several parallel
-streams, resuming partial files (``--append-verify``) and sending only what differs.
+ID differs (workers in parallel), each sent only the layers it lacks. Snapshots are pulled by
+each worker whose copy differs (on pyinfra's own connection to it, every worker at once) from a
+read-only rsync daemon that the head runs on its fabric address only while a transfer is under
+way (a transient unit, ``STAGE_UNIT``), in several parallel streams, resuming partial files
+(``--append-verify``) and sending only what differs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from . import scripts
 from .settings import Cluster
 
 MANIFEST = ".sparkinfra-manifest.json"
+# The head's rsync daemon while workers pull (scripts/stage_serve.sh starts it, the deploy stops it).
+STAGE_UNIT = "sparkinfra-stage.service"
+STAGE_CONF = "/run/sparkinfra/stage-rsyncd.conf"
 
 
 def repo_dir(model_dir: str, repo: str) -> str:
@@ -39,28 +44,33 @@ def tool_source() -> str:
     return scripts.text("snapshot_tool.py")
 
 
-def pull_command(repo: str, source: str, streams: int, deep: bool = False) -> str:
+def serve_command(repo: str, workers: list[str], bind_ip: str, port: int, conf: str = STAGE_CONF) -> StringCommand:
     """
-    The command line a worker runs through the SSH mesh (its user's shell, then sudo), the head's
-    manifest on its stdin: the script ``scripts/stage_pull.py`` with its arguments, the snapshot
-    tool among them (base64: the worker needs nothing installed but python3 and rsync).
+    The head's part of a transfer (``scripts/stage_serve.sh``, as root): a read-only rsync
+    daemon on its fabric address for the pulling workers only, started as ``STAGE_UNIT``.
+
+    + workers: the fabric IP of each worker whose copy differs
+    + conf: the daemon's config file
+    """
+    return scripts.command("stage_serve.sh", STAGE_UNIT, conf, repo, bind_ip, str(int(port)), *workers, shell="bash")
+
+
+def pull_command(repo: str, source: str, streams: int, deep: bool = False) -> StringCommand:
+    """
+    A worker's part (``scripts/stage_pull.py``, as root): the head's manifest from ``source``,
+    then the pull of what differs, its progress, and its record. The snapshot tool goes on the
+    line (base64): the worker needs nothing installed but python3 and rsync.
 
     + source: the head's daemon, ``rsync://<head>:<port>/stage/``
     """
     args = [repo, source, str(int(streams)), "1" if deep else "0", _b64(tool_source())]
-    return _as_root_inline("stage_pull.py", "python3 -S", *args)  # -S: stdlib only, ~5 ms less
+    # -S: stdlib only, ~5 ms less
+    return StringCommand("python3", "-S", "-c", QuoteString(scripts.text("stage_pull.py")), *map(QuoteString, args))
 
 
-def head_transfer_command(repo: str, workers: list[str], bind_ip: str, port: int, streams: int,
-                          deep: bool = False) -> StringCommand:
-    """
-    The head's part of a transfer (``scripts/stage_head.sh``, as root): a read-only rsync daemon
-    on its fabric address for the pulling workers only, while each runs ``pull_command``.
-
-    + workers: the fabric IP of each worker whose copy differs
-    """
-    pull = pull_command(repo, f"rsync://{bind_ip}:{int(port)}/stage/", streams, deep)
-    return scripts.command("stage_head.sh", repo, MANIFEST, bind_ip, str(int(port)), pull, *workers, shell="bash")
+def source(bind_ip: str, port: int) -> str:
+    """The rsync URL of the head's daemon (its one module, ``stage``)."""
+    return f"rsync://{bind_ip}:{int(port)}/stage/"
 
 
 def image_fanout_command(image: str, head_id: str, workers: list[tuple[str, str]]) -> StringCommand:
@@ -77,8 +87,8 @@ def image_fanout_command(image: str, head_id: str, workers: list[tuple[str, str]
 
 
 def _as_root_inline(name: str, runner: str, *args: str) -> str:
-    """The command line that runs the script ``name`` as root on a worker through the SSH mesh
-    (its user's shell, then sudo): ``runner -c <its text>``, the text sent base64 on the line
+    """The command line that runs the script ``name`` as root on a worker through the head's SSH
+    mesh (its user's shell, then sudo): ``runner -c <its text>``, the text sent base64 on the line
     (nothing installed there first)."""
     return f'sudo -n {runner} -c "$(echo {_b64(scripts.text(name))} | base64 -d)" {shlex.join(args)}'
 

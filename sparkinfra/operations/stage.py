@@ -20,6 +20,7 @@ from pyinfra.api import (
     operation,
 )
 from pyinfra.facts.files import Directory, File, FileContents
+from pyinfra.facts.systemd import SystemdStatus
 
 from .. import lanes, scripts, transfer
 from ..progress import shown
@@ -172,34 +173,84 @@ def snapshot_manifest(repo_dir: str):
     yield snapshot_tool_command("manifest", repo_dir, "--write")
 
 
+def head_manifest(head, repo_dir: str) -> dict | None:
+    """The head's manifest of ``repo_dir`` if it is current; ``None`` otherwise."""
+    mine = gathered(head, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
+    return mine if mine.get("exists") and not mine.get("stale") else None
+
+
+def no_head_manifest(head, repo_dir: str):
+    """What an operation yields when the head has no current manifest of ``repo_dir``: while
+    pyinfra detects changes (the download comes first in the same run), a line saying so; when it
+    runs, the refusal naming the head."""
+    if preparing():
+        yield StringCommand("echo", f"{repo_dir} reaches the workers once the head's manifest is made")
+    else:
+        yield from refuse(f"{head.name}: no current manifest for {repo_dir}")
+
+
 @operation()
-def snapshot_on_workers(repo_dir: str, workers: list, bind_ip: str, port: int, streams: int, deep: bool = False):
+def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", port: int = 0, deep: bool = False,
+                    present: bool = True):
     """
-    Ensure every worker's copy of a snapshot matches this host's (the head's) manifest: the
-    workers whose manifest digest differs pull only missing, short or differing files, in
-    parallel streams, from a read-only rsync daemon the head runs on its fabric address for the
-    transfer only.
+    Ensure the head serves a snapshot, read-only on its fabric address, to the workers whose
+    manifest digest differs from its own, from a transient unit (``transfer.STAGE_UNIT``) that
+    lives for the transfer only: ``present=True`` before they pull, ``present=False`` after. Run on
+    every node (the workers do nothing): their pulls come after it.
 
     + repo_dir: the repository's folder in the HF cache (the same path on every node)
-    + workers: ``(pyinfra host, fabric IP)`` of each worker (reached through the SSH mesh)
-    + bind_ip, port: where the head's daemon listens during the transfer
-    + streams: parallel rsync streams per worker
-    + deep: hash every file on the workers, not only those whose size or mtime changed
+    + head: the pyinfra host holding the snapshot
+    + workers: ``(pyinfra host, fabric IP)`` of each worker
+    + bind_ip, port: where the daemon listens
+    + deep: compare the workers' copies by the hash of every file
+    + present: whether the daemon should run (stopped whatever the workers' copies are)
     """
-    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
-    if not mine.get("exists") or mine.get("stale"):
-        if preparing():
-            yield StringCommand("echo", f"{repo_dir} reaches the workers once its manifest is made")
-            return
-        yield from refuse(f"{host.name}: no current manifest for {repo_dir}")
+    if host.name != head.name:
+        return
+    if not present:
+        if gathered(host, SystemdStatus, services=transfer.STAGE_UNIT).get(transfer.STAGE_UNIT):
+            yield StringCommand("systemctl", "stop", transfer.STAGE_UNIT)
+        else:
+            host.noop(f"nothing serves {repo_dir}")
+        return
+    mine = head_manifest(host, repo_dir)
+    if mine is None:
+        yield from no_head_manifest(host, repo_dir)
         return
     theirs = gathered_each([w for w, _ in workers], SnapshotManifest, repo_dir=repo_dir, deep=deep)
     behind = [ipaddr for (_, ipaddr), m in zip(workers, theirs) if (m or {}).get("digest") != mine["digest"]]
     if not behind:
         host.noop(f"every worker matches the manifest of {repo_dir}")
         return
-    # Each worker's bytes, rate and ETA every few seconds, then its total and its time.
-    yield shown(transfer.head_transfer_command(repo_dir, behind, bind_ip, port, streams, deep))
+    yield transfer.serve_command(repo_dir, behind, bind_ip, port)
+
+
+@operation()
+def snapshot_pulled(repo_dir: str, head, source: str, streams: int, deep: bool = False):
+    """
+    Ensure this host's (a worker's) copy of a snapshot matches the head's manifest: when its
+    digest differs, it pulls only missing, short (resumed) or differing files, in parallel
+    streams, from the head's daemon (``snapshot_served``), every worker at once. Run on every
+    node (the head holds the snapshot).
+
+    + repo_dir: the repository's folder in the HF cache (the same path on every node)
+    + head: the pyinfra host holding the snapshot
+    + source: the head's daemon (``transfer.source``)
+    + streams: parallel rsync streams
+    + deep: compare by the hash of every file, not only of those whose size or mtime changed
+    """
+    if host.name == head.name:
+        return
+    wanted = head_manifest(head, repo_dir)
+    if wanted is None:
+        yield from no_head_manifest(head, repo_dir)
+        return
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=deep) or {}
+    if mine.get("digest") == wanted["digest"]:
+        host.noop(f"{repo_dir} matches the head's manifest")
+        return
+    # Its bytes, rate and ETA every few seconds, then its total and its time.
+    yield shown(transfer.pull_command(repo_dir, source, streams, deep))
 
 
 @operation()

@@ -1,26 +1,26 @@
 """
-Run as root on a worker (sent by stage_head.sh through the SSH mesh, the head's manifest on stdin):
-drop what cannot be resumed, wait for the head's rsync daemon (started as this session was), pull
-what is missing or short in parallel streams (resumed with ``--append-verify``), then record this
-copy's own manifest. Prints its progress every PROGRESS_EVERY seconds (default 5), then what it
-pulled:
+Run as root on a worker whose copy differs from the head's (pyinfra runs it on its connection to
+the worker, after the head started its rsync daemon): wait for the daemon, take the head's
+manifest from it, drop what cannot be resumed, pull what is missing or short in parallel streams
+(resumed with ``--append-verify``), then record this copy's own manifest. Prints its progress
+every PROGRESS_EVERY seconds (default 5), then what it pulled:
 
     spark-2: 91 of 192 MiB, 18 MiB/s, ETA 5 s
     spark-2: 192 MiB in 10 s, 19 MiB/s
 
-    python3 stage_pull.py REPO SOURCE STREAMS DEEP TOOL < MANIFEST
+    python3 stage_pull.py REPO SOURCE STREAMS DEEP TOOL
 
     REPO      the repository's folder in the HF cache (models--org--name)
     SOURCE    the head's daemon, rsync://<head fabric ip>:<port>/stage/ (or a local folder)
     STREAMS   parallel rsync streams
     DEEP      1: hash every file, not only those whose size or mtime changed; 0: do not
-    TOOL      the snapshot tool (snapshot_tool.py), base64: its plan and record
-    MANIFEST  the head's manifest of the snapshot (its .sparkinfra-manifest.json)
+    TOOL      the snapshot tool (snapshot_tool.py), base64: its manifest, plan and record
 
-One process from the plan to the record: the step's fixed cost is what a transfer with nothing to
-move takes, paid by every pull. Each connection to the daemon sets TCP_NODELAY (as the daemon
-does): rsync's handshake is a few small messages each way, and with Nagle's algorithm against
-delayed ACKs each stream's start costs ~0.1 s instead of ~0.03 s.
+One process from the plan to the record, started on a connection that is already open: the
+step's fixed cost is what a transfer with nothing to move takes, paid by every pull. Each
+connection to the daemon sets TCP_NODELAY (as the daemon does): rsync's handshake is a few small
+messages each way, and with Nagle's algorithm against delayed ACKs each stream's start costs
+~0.1 s instead of ~0.03 s.
 """
 
 from __future__ import annotations
@@ -55,6 +55,21 @@ def wait_for(address: str, seconds: float = WAIT_SECONDS) -> None:
             time.sleep(0.02)
 
 
+def rsync(source: str, *args: str) -> list[str]:
+    """An rsync command line reading from ``source``: TCP_NODELAY on a connection to a daemon."""
+    return ["rsync", *(["--sockopts=TCP_NODELAY"] if source.startswith("rsync://") else []), *args]
+
+
+def heads_manifest(source: str, name: str, manifest: str, work: str) -> dict:
+    """The head's manifest of the repository ``name``, taken from ``source`` (what the pulls read)."""
+    got = subprocess.run(rsync(source, f"{source}{name}/{manifest}", os.path.join(work, manifest)),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if got.returncode != 0:
+        raise SystemExit(f"the head's manifest of {name} could not be read from {source}: {got.stderr.strip()}")
+    with open(os.path.join(work, manifest)) as f:
+        return json.load(f)
+
+
 def apparent_size(folder: str) -> int:
     """The bytes of every file and link under ``folder`` (``du -sb``'s count, without folders)."""
     total = 0
@@ -83,13 +98,12 @@ def main(argv: list[str]) -> int:
     repo = repo.rstrip("/")
     tool = types.ModuleType("snapshot_tool")
     exec(compile(base64.b64decode(tool_text), "snapshot_tool.py", "exec"), tool.__dict__)
-    wanted = json.load(sys.stdin)
-    daemon = source.startswith("rsync://")
     os.makedirs(repo, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
-        need = tool.plan(repo, wanted, work, int(streams), deep=deep == "1")["bytes_needed"]
-        if daemon:
+        if source.startswith("rsync://"):
             wait_for(source[len("rsync://"):].split("/", 1)[0])
+        wanted = heads_manifest(source, os.path.basename(repo), tool.MANIFEST, work)
+        need = tool.plan(repo, wanted, work, int(streams), deep=deep == "1")["bytes_needed"]
         start, began = apparent_size(repo), time.monotonic()
         done = threading.Event()
         reporter = threading.Thread(target=progress, args=(repo, need, start, began, done), daemon=True)
@@ -97,9 +111,7 @@ def main(argv: list[str]) -> int:
         pulls = []
         for listed in tool.plan_lists(work):
             log = open(listed + ".log", "w+b")
-            command = ["rsync", "-a", "--partial", "--inplace", "--append-verify"]
-            command += ["--sockopts=TCP_NODELAY"] if daemon else []
-            command += [f"--files-from={listed}", source, "."]
+            command = rsync(source, "-a", "--partial", "--inplace", "--append-verify", f"--files-from={listed}", source, ".")
             pulls.append((subprocess.Popen(command, cwd=os.path.dirname(repo), stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=subprocess.STDOUT), log))
         failed = [log for proc, log in pulls if proc.wait() != 0]

@@ -45,7 +45,9 @@ def test_serve_changes_nothing_when_preflight_fails(pair):
     assert run.returncode != 0 and "preflight failed, nothing changed" in run.stderr
     assert "10.213.1.1" not in pair.node("spark-1", "ip -4 -o addr show dev enp1s0f0np0").stdout
     heal = pair.converge(INV, "deploys/serve.py", "lane=")  # serving is test_e2e_zy_lane's: the bed stays lane-free
-    assert heal.changed_hosts() == {"spark-1"}
+    # the head's address back; the worker, bare or not, at most pulls the model for the first time
+    assert "spark-1" in heal.changed_hosts(), heal.changed
+    assert all(" | Each worker's " in op for op in heal.changed["spark-2"]), heal.changed
 
 
 def test_a_stopped_dockerd_is_named_by_preflight_and_nothing_is_streamed(pair):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 import sparkbed as simbed
+from sparkinfra import transfer
 
 INV = "inventory/sim.py"
 REPO = "sparkbed/e2e-moe"
@@ -49,7 +50,9 @@ def _verify(bed, *args):
 def test_first_converge_stages_image_and_snapshot(staged):
     bed, first, moved = staged
     assert any("Every worker has the head's" in op for op in first.changed["spark-1"]), first.changed
-    assert any("matches the head's manifest" in op for op in first.changed["spark-1"])
+    assert any("The head serves" in op for op in first.changed["spark-1"]), first.changed
+    assert any("The head no longer serves" in op for op in first.changed["spark-1"]), first.changed
+    assert any("is pulled from the head" in op for op in first.changed["spark-2"]), first.changed
     assert moved >= 3 * SHARD, moved
 
 
@@ -70,14 +73,14 @@ def test_a_no_op_prepare_and_stage_read_each_fact_once_per_node(staged):
 def test_verify_passes_including_offline_resolution(staged):
     bed, _, _ = staged
     result = _verify(bed)
-    assert result.returncode == 0 and "4 passed" in result.output, result.output[-3000:]
+    assert result.returncode == 0 and "5 passed" in result.output, result.output[-3000:]
 
 
 def _heal(bed, *extra, expect_max, expect_min=0):
     broken = _verify(bed)
     assert broken.returncode != 0, broken.output[-2000:]
     run, moved = _converge(bed, *extra)
-    assert run.changed_hosts() == {"spark-1"}, run.changed  # the head sends; the worker only checks
+    assert run.changed_hosts() == {"spark-1", "spark-2"}, run.changed  # the head serves, the worker pulls
     assert expect_min <= moved <= expect_max + SLACK, f"moved {moved} bytes, expected {expect_min}..{expect_max}"
     assert _verify(bed).returncode == 0
     return moved
@@ -106,7 +109,7 @@ def test_changed_small_file_is_caught_by_deep_verify_and_healed_by_deep_converge
     run, moved = _converge(bed)
     assert run.changes == {"spark-1": 0, "spark-2": 0}  # a size converge leaves it
     run, moved = _converge(bed, "stage_verify=deep")
-    assert run.changed_hosts() == {"spark-1"} and moved <= 8192 + SLACK, (run.changed, moved)
+    assert run.changed_hosts() == {"spark-1", "spark-2"} and moved <= 8192 + SLACK, (run.changed, moved)
     assert _verify(bed, "--deep").returncode == 0
 
 
@@ -121,6 +124,20 @@ def test_removed_image_is_streamed_again(staged):
     assert _verify(bed).returncode == 0
     again, moved = _converge(bed)
     assert again.changes == {"spark-1": 0, "spark-2": 0} and moved < 64 << 10
+
+
+def test_a_transfer_daemon_a_dead_controller_left_is_named_then_stopped_by_one_converge(staged):
+    """A controller killed between the head's start of its daemon and its stop leaves the daemon
+    serving the weights (for 6 h at most): verify names it, the next converge stops it alone."""
+    bed, _, _ = staged
+    head, worker = simbed.sim_nodes(2)
+    bed.node("spark-1", transfer.serve_command(REPO_DIR, [worker.fabric_ip], head.fabric_ip, 8730).get_raw_value())
+    broken = _verify(bed)
+    assert broken.returncode != 0 and f"{transfer.STAGE_UNIT} is still active" in broken.output, broken.output[-2000:]
+    run, moved = _converge(bed)
+    assert run.changed == {"spark-1": [f"The head no longer serves {REPO}"], "spark-2": []}, run.changed
+    assert moved < 64 << 10
+    assert _verify(bed).returncode == 0
 
 
 def test_interrupted_transfer_resumes_without_resending_completed_files(staged):
@@ -145,7 +162,7 @@ def test_interrupted_transfer_resumes_without_resending_completed_files(staged):
     assert partial > SHARD // 4, "the transfer was not caught mid-file"
     have = int(bed.node("spark-2", f"du -cb {REPO_DIR}/blobs | tail -n 1 | cut -f1").stdout)
     run, moved = _converge(bed)
-    assert run.changed_hosts() == {"spark-1"}
+    assert run.changed_hosts() == {"spark-1", "spark-2"}
     total = 3 * SHARD + 60 * 8192
     assert moved <= total - have + SLACK, f"moved {moved}, only {total - have} were missing"
     assert _verify(bed).returncode == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import sparkbed as simbed
-from sparkinfra import lanes
+from sparkinfra import lanes, transfer
 
 INV = "inventory/sim.py"
 CONTAINER = "vllm_node"
@@ -629,8 +629,13 @@ def test_secrets_never_leak(serving):
 
 def test_teardown_stops_every_lane_and_keeps_image_and_weights(serving):
     bed, _, _ = serving
+    head, worker = simbed.sim_nodes(2)  # and a staging daemon a controller that died mid-transfer left
+    bed.node("spark-1", transfer.serve_command("/var/lib/sparkinfra/hf/models--sparkbed--tiny-llama", [worker.fabric_ip],
+                                               head.fabric_ip, 8730).get_raw_value())
     down = bed.converge(INV, "deploys/teardown.py")
     assert down.changed["spark-1"] and down.changed["spark-2"]
+    assert any("The head serves nothing" in op for op in down.changed["spark-1"]), down.changed
+    assert bed.node("spark-1", f"systemctl is-active {transfer.STAGE_UNIT}", check=False).stdout.strip() != "active"
     for node in ("spark-1", "spark-2"):
         assert _active(bed, node, "sim") == "inactive"
         assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"

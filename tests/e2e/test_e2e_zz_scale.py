@@ -17,9 +17,12 @@ DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
 def test_two_pairs_in_one_inventory_converge_in_one_run(bed):
     bed.fresh(4)
     inventory, hosts = "inventory/sim_pairs.py", {f"spark-{i}" for i in range(1, 5)}
-    for deploy, changing in zip(DEPLOYS, (hosts, {"spark-1", "spark-3"})):  # stage: the heads send
-        first = bed.converge(inventory, deploy)
-        assert first.changed_hosts() == changing, (deploy, first.changed)
+    prepared = bed.converge(inventory, "deploys/prepare.py")
+    assert prepared.changed_hosts() == hosts, prepared.changed
+    staged = bed.converge(inventory, "deploys/stage.py")  # each head serves its own pair
+    assert {"spark-1", "spark-3"} <= staged.changed_hosts(), staged.changed
+    for worker in ("spark-2", "spark-4"):  # a worker changes by its pull alone (none if it had the model)
+        assert all("is pulled from the head" in op for op in staged.changed[worker]), staged.changed
     for deploy in DEPLOYS:
         again = bed.converge(inventory, deploy)
         assert again.changes == {h: 0 for h in hosts}, (deploy, again.changed)

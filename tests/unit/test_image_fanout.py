@@ -30,12 +30,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from test_stage import SUDO, stubs
+from test_stage import stubs
 
 from sparkinfra import transfer
 from sparkinfra.scripts import image_fanout as fanout_script
 
 IMAGE = "fx:1"
+SUDO = 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n'  # sudo -n CMD: run CMD
 FIXTURE = Path(__file__).parent / "fixtures/images/docker20-save-3-layers.tar"
 FX_ID = "sha256:20b520d38ccea356e65a141a054a1a382341e6b6bb977b2c55d3514a9ae6759b"
 FX_LAYERS = [

@@ -728,7 +728,7 @@ SCRIPTS = Path(transfer.scripts.DIR)
 
 
 # The node scripts (sparkinfra/scripts/*.sh): linted, and run here with stand-ins only for what
-# the test cannot do (ssh to a worker, sudo, docker, an rsync daemon on the fabric)
+# the test cannot do (systemd, docker, an rsync daemon on the fabric)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -736,7 +736,7 @@ def test_node_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert shellcheck, "shellcheck is not installed (make setup installs it)"
     found = sorted(SCRIPTS.glob("*.sh"))
-    assert {p.name for p in found} >= {"stage_head.sh", "image_receive.sh"}
+    assert {p.name for p in found} >= {"stage_serve.sh", "image_receive.sh"}
     proc = subprocess.run([shellcheck, "--severity=style", *map(str, found)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
@@ -751,16 +751,12 @@ def stubs(tmp_path: Path, **scripts: str) -> dict:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-SUDO = 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n'  # sudo -n CMD: run CMD
-
-
 def run_pull(tmp_path: Path, head: Path, worker_repo: Path, env: dict, deep: bool = False,
              source: str = "", **popen):
-    """``pull_command`` as a worker's shell gets it from the head's ssh (the head's manifest on its
-    stdin), pulling from a local source unless given one."""
-    command = transfer.pull_command(str(worker_repo), source or f"{head.parent}/", 4, deep)
-    with open(head / tool.MANIFEST) as manifest:
-        return subprocess.Popen(["sh", "-c", command], env=env, text=True, stdin=manifest, **popen)
+    """``pull_command`` as pyinfra runs it on a worker (``sh -c``, its sudo aside), pulling from
+    a local source (the head's manifest read from there too) unless given one."""
+    command = transfer.pull_command(str(worker_repo), source or f"{head.parent}/", 4, deep).get_raw_value()
+    return subprocess.Popen(["sh", "-c", command], env=env, text=True, stdin=subprocess.DEVNULL, **popen)
 
 
 def staged_head(tmp_path: Path, **kw) -> Path:
@@ -774,7 +770,7 @@ def test_pull_fetches_a_snapshot_and_records_the_heads_manifest(tmp_path, capsys
     head = staged_head(tmp_path)
     capsys.readouterr()
     worker = tmp_path / "worker" / head.name
-    env = stubs(tmp_path, sudo=SUDO)
+    env = dict(os.environ)
     proc = run_pull(tmp_path, head, worker, env, deep, stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
     assert tool.manifest(str(worker))["digest"] == tool.manifest(str(head))["digest"]
@@ -788,7 +784,7 @@ def test_pull_resumes_a_short_file_and_sends_only_what_is_missing(tmp_path, caps
     whole = shard.read_bytes()
     shard.write_bytes(whole[: len(whole) // 2])  # a transfer cut short
     log = tmp_path / "rsync.log"
-    env = stubs(tmp_path, sudo=SUDO, rsync=f'echo "$*" >> {log}\nexec /usr/bin/rsync "$@"\n')
+    env = stubs(tmp_path, rsync=f'echo "$*" >> {log}\nexec /usr/bin/rsync "$@"\n')
     proc = run_pull(tmp_path, head, worker, env, stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
     assert shard.read_bytes() == whole
@@ -805,7 +801,7 @@ def test_pull_reports_progress_then_what_it_pulled_and_lets_go_of_its_output_at_
     head = staged_head(tmp_path, large_bytes=1 << 20)  # 3 MiB and a few KiB to pull
     worker = tmp_path / "worker" / head.name
     slow_rsync = 'case "$*" in *--files-from*) sleep 2.5;; esac\nexec /usr/bin/rsync "$@"\n'
-    env = {**stubs(tmp_path, sudo=SUDO, rsync=slow_rsync), "PROGRESS_EVERY": "1"}
+    env = {**stubs(tmp_path, rsync=slow_rsync), "PROGRESS_EVERY": "1"}
     began = time.monotonic()
     proc = run_pull(tmp_path, head, worker, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
@@ -828,29 +824,41 @@ def test_pull_reports_progress_then_what_it_pulled_and_lets_go_of_its_output_at_
     assert proc.returncode == 0
 
 
-def test_pull_from_the_heads_daemon_waits_for_its_port_and_sets_tcp_nodelay(tmp_path):
-    """The worker's session starts as the head's daemon does: the pull plans, waits until the port
-    answers (here 1 s late), then every rsync stream sets TCP_NODELAY (a stream's handshake is a
-    few small messages: ~0.1 s each with Nagle against delayed ACKs, ~0.03 s without)."""
+def test_pull_from_the_heads_daemon_waits_for_its_port_reads_its_manifest_there_and_sets_tcp_nodelay(tmp_path):
+    """The pull starts as the head's daemon does: it waits until the port answers (here 1 s late),
+    takes the head's manifest from the daemon, then every rsync stream sets TCP_NODELAY (a stream's
+    handshake is a few small messages: ~0.1 s each with Nagle against delayed ACKs, ~0.03 s without)."""
     head = staged_head(tmp_path)
     worker = tmp_path / "worker" / head.name
     log = tmp_path / "rsync.log"
-    env = stubs(tmp_path, sudo=SUDO, rsync=f'echo "$(date +%s.%N) $*" >> {log}\n')
+    # The stand-in daemon's rsync: it logs each call and hands out the head's manifest when asked for it.
+    env = stubs(tmp_path, rsync=(f'echo "$(date +%s.%N) $*" >> {log}\n'
+                                 f'case "$*" in *{tool.MANIFEST}*) for a; do :; done; cp {head / tool.MANIFEST} "$a";; esac\n'))
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     began = time.time()
-    proc = run_pull(tmp_path, head, worker, env, source=f"rsync://127.0.0.1:{port}/stage/", stderr=subprocess.PIPE)
+    source = f"rsync://127.0.0.1:{port}/stage/"
+    proc = run_pull(tmp_path, head, worker, env, source=source, stderr=subprocess.PIPE)
     time.sleep(1)
     with socket.socket() as daemon:
         daemon.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         daemon.bind(("127.0.0.1", port))
         daemon.listen()
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    pulls = [line.split(" ", 1) for line in log.read_text().splitlines()]
-    assert pulls and all(float(at) >= began + 1 for at, _ in pulls), "a stream started before the daemon listened"
-    assert all("--sockopts=TCP_NODELAY" in args and args.endswith(f"rsync://127.0.0.1:{port}/stage/ .")
-               for _, args in pulls), pulls
+    (first_at, first), *pulls = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    assert float(first_at) >= began + 1, "the manifest was asked for before the daemon listened"
+    assert first.startswith("--sockopts=TCP_NODELAY ") and f" {source}{head.name}/{tool.MANIFEST} " in first
+    assert pulls and all("--sockopts=TCP_NODELAY" in args and args.endswith(f"{source} .") for _, args in pulls), pulls
+
+
+def test_a_pull_whose_source_has_no_manifest_ends_naming_it(tmp_path):
+    head = staged_head(tmp_path)
+    (head / tool.MANIFEST).unlink()
+    proc = run_pull(tmp_path, head, tmp_path / "worker" / head.name, dict(os.environ),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=30) == 1
+    assert f"the head's manifest of {head.name} could not be read from {head.parent}/" in proc.stderr.read()
 
 
 def test_the_pulls_wait_for_a_daemon_that_never_answers_ends_naming_it():
@@ -863,46 +871,37 @@ def test_the_pulls_wait_for_a_daemon_that_never_answers_ends_naming_it():
     assert time.monotonic() - began < 3
 
 
-def test_pull_command_ships_no_file_list_and_fits_one_argument(tmp_path):
-    """However many files a snapshot has, the commands carry none of them (each worker plans its own);
-    on 8 nodes (7 workers) the head's command is one argument under Linux's MAX_ARG_STRLEN."""
+def test_pull_and_serve_commands_ship_no_file_list_and_fit_one_argument(tmp_path):
+    """However many files a snapshot has, the commands carry none of them (each worker plans its
+    own, from the manifest it reads from the head's daemon); on 8 nodes (7 workers) the head's
+    command grows by the addresses only, and each is one argument under Linux's MAX_ARG_STRLEN."""
     repo = make_snapshot(tmp_path / "hf", REPO, REV, large=2, large_bytes=KIB, small=400, small_bytes=16)
     workers = [f"10.213.1.{i}" for i in range(2, 9)]
-    command = transfer.head_transfer_command(str(repo), workers, "10.213.1.1", 8730, 64, True).get_raw_value()
-    assert "safetensors" not in command and "part-0000" not in command
-    assert len(shlex.quote(command)) < MAX_ARG_STRLEN
-    one = transfer.head_transfer_command(str(repo), workers[:1], "10.213.1.1", 8730, 64, True).get_raw_value()
-    assert len(command) - len(one) < KIB  # each further worker adds its address, not a copy
+    pull = transfer.pull_command(str(repo), transfer.source("10.213.1.1", 8730), 64, True).get_raw_value()
+    serve = transfer.serve_command(str(repo), workers, "10.213.1.1", 8730).get_raw_value()
+    for command in (pull, serve):
+        assert "safetensors" not in command and "part-0000" not in command
+        assert len(command) < MAX_ARG_STRLEN
+    one = transfer.serve_command(str(repo), workers[:1], "10.213.1.1", 8730).get_raw_value()
+    assert len(serve) - len(one) < KIB
 
 
-def head_run(tmp_path: Path, workers: list[str], failing: tuple = (), deep: bool = False):
-    """``head_transfer_command`` run with stand-ins for the daemon (it keeps its config) and ssh
-    (it keeps the command and what it read on stdin)."""
+def serve_run(tmp_path: Path, workers: list[str], stale: bool = False):
+    """``serve_command`` run with stand-ins for systemctl and systemd-run (each keeps its arguments;
+    systemd-run also the daemon's config as it was when the unit started)."""
     seen = tmp_path / "seen"
     seen.mkdir()
     repo = tmp_path / "hf" / "models--org--name"
     repo.mkdir(parents=True)
-    (repo / transfer.MANIFEST).write_text('{"digest": "the head\'s"}')
-    with socket.socket() as free:  # a free port for the stand-in daemon
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    listen = (f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-              f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(30)")
     env = stubs(
-        tmp_path,  # the daemon keeps its config, then listens
-        rsync=(f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/conf && mv {seen}/conf {seen}/rsyncd.conf;; esac; done\n'
-               f'exec {sys.executable} -c "{listen}"\n'),
-        ssh=(  # as a worker's pull does, it waits for the daemon (here: its config kept) before it ends
-            'while [ "$1" = -o ]; do shift 2; done\n'
-            f'for _ in $(seq 100); do [ -e {seen}/rsyncd.conf ] && break; sleep 0.05; done\n'
-            f'printf %s "$2" > {seen}/pull.$1\n'
-            f'cat > {seen}/manifest.$1\n'
-            f'case " {" ".join(failing)} " in *" $1 "*) exit 3;; esac\n'
-        ),
+        tmp_path,
+        systemctl=f'echo "$*" >> {seen}/systemctl\n{"exit 0" if stale else "exit 5"}\n',
+        **{"systemd-run": (f'printf "%s\\n" "$@" > {seen}/systemd-run\n'
+                           f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\n')},
     )
-    command = transfer.head_transfer_command(str(repo), workers, "127.0.0.1", port, 6, deep)
+    command = transfer.serve_command(str(repo), workers, "10.213.1.1", 8730, conf=str(tmp_path / "run/stage-rsyncd.conf"))
     proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True, timeout=60)
-    return proc, seen, port, repo
+    return proc, seen, repo
 
 
 def rsyncd_conf(text: str) -> dict:
@@ -916,32 +915,27 @@ def rsyncd_conf(text: str) -> dict:
     return conf
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the head's script runs as root (its folder is in /run)")
-@pytest.mark.parametrize("deep", [False, True])
-def test_head_runs_a_read_only_daemon_for_the_workers_and_one_pull_each(tmp_path, deep):
+@pytest.mark.parametrize("stale", [False, True])
+def test_the_head_serves_read_only_to_the_workers_from_a_transient_unit_that_ends(tmp_path, stale):
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    proc, seen, port, repo = head_run(tmp_path, workers, deep=deep)
+    proc, seen, repo = serve_run(tmp_path, workers, stale=stale)
     assert proc.returncode == 0, proc.stderr
+    # a unit a run that died left behind is stopped first (its stop failing when there is none)
+    assert (seen / "systemctl").read_text() == f"stop {transfer.STAGE_UNIT}\n"
     conf = rsyncd_conf((seen / "rsyncd.conf").read_text())
-    assert conf[("", "address")] == "127.0.0.1" and conf[("", "port")] == str(port)
+    assert conf[("", "address")] == "10.213.1.1" and conf[("", "port")] == "8730"
     assert conf[("", "socket options")] == "TCP_NODELAY"
     assert conf[("stage", "path")] == str(repo.parent)
     assert conf[("stage", "read only")] == "yes"
     assert conf[("stage", "hosts allow")].split() == workers
     assert conf[("stage", "hosts deny")] == "*"
-    expected = transfer.pull_command(str(repo), f"rsync://127.0.0.1:{port}/stage/", 6, deep)
-    for ip in workers:
-        assert (seen / f"pull.{ip}").read_text() == expected  # the same command, once per worker
-        assert (seen / f"manifest.{ip}").read_text() == (repo / transfer.MANIFEST).read_text()  # on its stdin
-    assert not list(Path("/run").glob("sparkinfra-stage.*")), "the daemon's folder is left"
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the head's script runs as root (its folder is in /run)")
-def test_head_fails_when_a_worker_fails_after_every_worker_ran(tmp_path):
-    workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
-    proc, seen, _, _ = head_run(tmp_path, workers, failing=("10.213.1.3",))
-    assert proc.returncode == 1
-    assert all((seen / f"pull.{ip}").exists() for ip in workers)
+    run = (seen / "systemd-run").read_text().splitlines()
+    assert f"--unit={transfer.STAGE_UNIT}" in run and "--collect" in run
+    assert {"--property=KillSignal=SIGKILL", "--property=RuntimeMaxSec=6h"} <= set(run)
+    conf_file = tmp_path / "run/stage-rsyncd.conf"
+    assert f"--property=ExecStopPost=/bin/rm -f {conf_file}" in run
+    assert run[-4:] == ["rsync", "--daemon", "--no-detach", f"--config={conf_file}"]
+    assert oct(conf_file.parent.stat().st_mode & 0o777) == "0o700"
 
 
 # The image fan-out (image_fanout.py, image_receive.sh): tests/unit/test_image_fanout.py

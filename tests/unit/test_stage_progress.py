@@ -20,12 +20,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api import FunctionCommand
+from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 
 from sparkbed import hub
 from sparkinfra import scripts, transfer
-from sparkinfra.operations.stage import HF_TOKEN_FILE, snapshot_downloaded, snapshot_on_workers
+from sparkinfra.operations.stage import HF_TOKEN_FILE, snapshot_downloaded, snapshot_pulled, snapshot_served
 from sparkinfra.scripts import hf_download
 
 from test_operations import FakeHost, rendered
@@ -287,23 +287,68 @@ def manifest(digest: str | None) -> dict:
     return {"exists": True, "stale": False, "digest": digest, "files": 3, "bytes": 10} if digest else {"exists": False}
 
 
-def on_workers(head_digest: str, *worker_digests: str | None) -> tuple[list, list[str]]:
+def nodes(head_digest: str | None, *worker_digests: str | None, deep: bool = False, stage: str = "execute",
+          unit_active: bool = False) -> tuple:
+    """The head and its workers as fake hosts holding their manifests (and the head its unit's state)."""
     fact = {"fact": "SnapshotManifest"}
-    head = FakeHost("spark-1", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": False}, "value": manifest(head_digest)}])
-    workers = [FakeHost(f"spark-{i}", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": False}, "value": manifest(d)}])
+    unit = {"fact": "SystemdStatus", "args": {"services": transfer.STAGE_UNIT},
+            "value": {transfer.STAGE_UNIT: unit_active}}
+    head = FakeHost("spark-1", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": False}, "value": manifest(head_digest)}, unit],
+                    stage)
+    workers = [FakeHost(f"spark-{i}", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": deep}, "value": manifest(d)}], stage)
                for i, d in enumerate(worker_digests, 2)]
     for w in workers:
         w.state = head.state
-    with ctx_state.use(head.state), ctx_host.use(head):
-        commands = list(snapshot_on_workers._inner(
-            repo_dir=REPO_DIR, workers=[(w, f"10.213.1.{i}") for i, w in enumerate(workers, 2)],
-            bind_ip="10.213.1.1", port=8730, streams=4))
-    return commands, head.noops
+    return head, workers
 
 
-def test_snapshot_on_workers_shows_the_transfer_to_the_workers_behind_only():
-    commands, _ = on_workers("d1", "d1", "d0", None)
-    (command,) = commands
-    expected = transfer.head_transfer_command(REPO_DIR, ["10.213.1.3", "10.213.1.4"], "10.213.1.1", 8730, 4)
-    assert rendered(shown_command(command)) == rendered(expected)
-    assert on_workers("d1", "d1", "d1") == ([], [f"every worker matches the manifest of {REPO_DIR}"])
+def run_on(host, op, **kwargs) -> tuple[list, list[str]]:
+    with ctx_state.use(host.state), ctx_host.use(host):
+        return list(op._inner(**kwargs)), host.noops
+
+
+def served(head, workers, on=None, **kwargs) -> tuple[list, list[str]]:
+    return run_on(on or head, snapshot_served, repo_dir=REPO_DIR, head=head,
+                  workers=[(w, f"10.213.1.{i}") for i, w in enumerate(workers, 2)],
+                  bind_ip="10.213.1.1", port=8730, **kwargs)
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_the_head_serves_the_workers_behind_only_and_nothing_when_none_is(deep):
+    head, workers = nodes("d1", "d1", "d0", None, deep=deep)
+    (command,) = served(head, workers, deep=deep)[0]
+    assert rendered(command) == rendered(transfer.serve_command(REPO_DIR, ["10.213.1.3", "10.213.1.4"], "10.213.1.1", 8730))
+    head, workers = nodes("d1", "d1", "d1", deep=deep)
+    assert served(head, workers, deep=deep) == ([], [f"every worker matches the manifest of {REPO_DIR}"])
+    assert served(head, workers, on=workers[0], deep=deep) == ([], [])  # a worker's part: none
+
+
+def test_without_the_heads_current_manifest_nothing_is_served_or_pulled_and_a_run_says_why():
+    head, workers = nodes(None, "d0")
+    (refused,) = served(head, workers)[0]
+    assert f"spark-1: no current manifest for {REPO_DIR}" in rendered(refused)
+    kwargs = dict(repo_dir=REPO_DIR, head=head, source=transfer.source("10.213.1.1", 8730), streams=4)
+    (refused,) = run_on(workers[0], snapshot_pulled, **kwargs)[0]  # nor does a worker pull
+    assert f"spark-1: no current manifest for {REPO_DIR}" in rendered(refused)
+    head, workers = nodes(None, "d0", stage="prepare")  # the download comes first in the same run
+    for placeholder in (served(head, workers)[0], run_on(workers[0], snapshot_pulled, **{**kwargs, "head": head})[0]):
+        waiting = StringCommand("echo", f"{REPO_DIR} reaches the workers once the head's manifest is made")
+        assert [rendered(c) for c in placeholder] == [rendered(waiting)]
+
+
+def test_the_head_stops_its_daemon_when_it_runs_and_else_does_nothing():
+    head, workers = nodes("d1", "d0", unit_active=True)
+    assert [rendered(c) for c in served(head, workers, present=False)[0]] == [f"systemctl stop {transfer.STAGE_UNIT}"]
+    head, workers = nodes("d1", "d0", unit_active=False)
+    assert served(head, workers, present=False) == ([], [f"nothing serves {REPO_DIR}"])
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_a_worker_behind_pulls_shown_and_one_that_matches_does_nothing(deep):
+    head, (behind, level) = nodes("d1", "d0", "d1", deep=deep)
+    source = transfer.source("10.213.1.1", 8730)
+    kwargs = dict(repo_dir=REPO_DIR, head=head, source=source, streams=4, deep=deep)
+    (command,) = run_on(behind, snapshot_pulled, **kwargs)[0]
+    assert rendered(shown_command(command)) == rendered(transfer.pull_command(REPO_DIR, source, 4, deep))
+    assert run_on(level, snapshot_pulled, **kwargs) == ([], [f"{REPO_DIR} matches the head's manifest"])
+    assert run_on(head, snapshot_pulled, **kwargs) == ([], [])  # the head holds it

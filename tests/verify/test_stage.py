@@ -77,3 +77,14 @@ def test_snapshots_resolve_offline_in_the_image_on_every_node(node):
         )
         assert out.rc == 0, f"{node}: {repo}@{revision} does not resolve offline: {out.stderr[-800:]}"
         assert out.stdout.strip().endswith(f"/snapshots/{revision}"), out.stdout
+
+
+def test_the_heads_transfer_daemon_is_gone_once_staging_is_done(cluster):
+    """The head's rsync daemon lives for a transfer only (deploys/stage.py starts it before the
+    workers pull and stops it after): nothing is left serving the weights on the fabric."""
+    head = _head(cluster)
+    port = head.cluster.config.stage_port
+    active = head.root(f"systemctl is-active {transfer.STAGE_UNIT}").stdout.strip()
+    listening = head.root(f"ss -Hltn 'sport = :{port}'").stdout.strip()
+    assert active != "active", f"{head}: {transfer.STAGE_UNIT} is still {active}"
+    assert not listening, f"{head}: something still listens on the stage port {port}: {listening}"
