@@ -101,12 +101,15 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     print("\n".join(progress))
     assert re.search(r"^\[spark-1\] lane sim: starting the engine, \d+s elapsed$", first.stderr, re.M), first.stderr[-3000:]
     assert re.search(r"^\[spark-1\] lane sim: ready in \d+s \(\d+ completion tokens\)$", first.stderr, re.M), first.stderr[-3000:]
-    # ... and the stage's: the recipe's build, the download, the image stream and the worker's pull.
+    # ... and the stage's: the recipe's build, the download, the image stream (the head's), and the
+    # worker's pull (its own).
     ref = re.escape(_lane_image("sim"))
-    for said in (rf"build {ref}: built in \d+ s", r"download sparkbed/tiny-llama: \d+ MiB in \d+ s",
-                 rf"image {ref} to spark-2: \d+ [KM]iB in \d+ s, \d+ [KM]iB/s; (all 2 layers|1 of 2 layers \(it has the other 1, \d+ MiB\))",
-                 r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"):
-        assert re.search(rf"^\[spark-1\] {said}$", first.stderr, re.M), (said, progress)
+    for node, said in (
+        ("spark-1", rf"build {ref}: built in \d+ s"), ("spark-1", r"download sparkbed/tiny-llama: \d+ MiB in \d+ s"),
+        ("spark-1", rf"image {ref} to spark-2: \d+ [KM]iB in \d+ s, \d+ [KM]iB/s; (all 2 layers|1 of 2 layers \(it has the other 1, \d+ MiB\))"),
+        ("spark-2", r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"),
+    ):
+        assert re.search(rf"^\[{node}\] {said}$", first.stderr, re.M), (node, said, progress)
     worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
     assert "--headless" in worker["Config"]["Cmd"] and "--node-rank" in worker["Config"]["Cmd"]
     logs = bed.node("spark-2", f"docker logs {CONTAINER} 2>&1").stdout
