@@ -172,7 +172,7 @@ def benchmark(control: Path) -> int:
     # deploys/stage.py's three steps (sparkinfra.operations.stage: snapshot_served, snapshot_pulled)
     serve = transfer.serve_command(REPO_DIR, [worker_ip], head_ip, 8730).get_raw_value()
     pull = transfer.pull_command(REPO_DIR, transfer.source(head_ip, 8730), streams).get_raw_value()
-    stop = f"systemctl stop {transfer.STAGE_UNIT}"
+    stop = transfer.unserve_command().get_raw_value()
     to_head, to_worker = (connect(node, control) for node in bed.sim_nodes(2)[:2])
 
     def transfer_step() -> float:

@@ -55,6 +55,12 @@ def serve_command(repo: str, workers: list[str], bind_ip: str, port: int, conf: 
     return scripts.command("stage_serve.sh", STAGE_UNIT, conf, repo, bind_ip, str(int(port)), *workers, shell="bash")
 
 
+def unserve_command() -> StringCommand:
+    """The head's daemon stopped once every worker has pulled (its unit's ``ExecStopPost`` removes
+    the config)."""
+    return StringCommand("systemctl", "stop", STAGE_UNIT)
+
+
 def pull_command(repo: str, source: str, streams: int, deep: bool = False) -> StringCommand:
     """
     A worker's part (``scripts/stage_pull.py``, as root): the head's manifest from ``source``,

@@ -209,7 +209,7 @@ def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", 
         return
     if not present:
         if gathered(host, SystemdStatus, services=transfer.STAGE_UNIT).get(transfer.STAGE_UNIT):
-            yield StringCommand("systemctl", "stop", transfer.STAGE_UNIT)
+            yield transfer.unserve_command()
         else:
             host.noop(f"nothing serves {repo_dir}")
         return
