@@ -91,7 +91,7 @@ def manifest(repo, write=False, deep=False, cached=None):
     if stale and write:
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(fresh, f)
+            f.write(json.dumps(fresh))  # the C encoder: json.dump encodes in Python
         os.replace(tmp, path)
     files = [e for e in fresh["entries"] if "size" in e]
     return {

@@ -60,14 +60,20 @@ def rsync(source: str, *args: str) -> list[str]:
     return ["rsync", *(["--sockopts=TCP_NODELAY"] if source.startswith("rsync://") else []), *args]
 
 
-def heads_manifest(source: str, name: str, manifest: str, work: str) -> dict:
-    """The head's manifest of the repository ``name``, taken from ``source`` (what the pulls read)."""
-    got = subprocess.run(rsync(source, f"{source}{name}/{manifest}", os.path.join(work, manifest)),
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if got.returncode != 0:
-        raise SystemExit(f"the head's manifest of {name} could not be read from {source}: {got.stderr.strip()}")
-    with open(os.path.join(work, manifest)) as f:
-        return json.load(f)
+def heads_manifest(source: str, name: str, manifest: str, work: str) -> tuple[dict, subprocess.Popen]:
+    """The head's manifest of the repository ``name``, taken from ``source`` (what the pulls read),
+    and the rsync that took it, to reap later. rsync puts the file in place (a rename) only once its
+    checksum matched the sender's, then waits for its receiver process by polling every 20 ms: the
+    manifest is read as soon as it is in place, not at rsync's exit."""
+    path = os.path.join(work, manifest)
+    fetch = subprocess.Popen(rsync(source, f"{source}{name}/{manifest}", path), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not os.path.exists(path) and fetch.poll() is None:
+        time.sleep(0.001)
+    if not os.path.exists(path):
+        raise SystemExit(f"the head's manifest of {name} could not be read from {source}: {fetch.stderr.read().strip()}")
+    with open(path) as f:
+        return json.load(f), fetch
 
 
 def apparent_size(folder: str) -> int:
@@ -102,7 +108,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as work:
         if source.startswith("rsync://"):
             wait_for(source[len("rsync://"):].split("/", 1)[0])
-        wanted = heads_manifest(source, os.path.basename(repo), tool.MANIFEST, work)
+        wanted, fetch = heads_manifest(source, os.path.basename(repo), tool.MANIFEST, work)
         need = tool.plan(repo, wanted, work, int(streams), deep=deep == "1")["bytes_needed"]
         start, began = apparent_size(repo), time.monotonic()
         done = threading.Event()
@@ -124,6 +130,7 @@ def main(argv: list[str]) -> int:
             return 1
         moved, seconds = apparent_size(repo) - start, max(int(time.monotonic() - began), 0)
         tool.adopt(repo, wanted, tool.pulled_paths(work, os.path.basename(repo)))
+        fetch.wait()  # long done: reaped, not read (a file rsync put in place matched its checksum)
     rate = moved // max(seconds, 1)
     print(f"{socket.gethostname()}: {moved >> 20} MiB in {seconds} s, {rate >> 20} MiB/s", flush=True)
     return 0

@@ -852,6 +852,21 @@ def test_pull_from_the_heads_daemon_waits_for_its_port_reads_its_manifest_there_
     assert pulls and all("--sockopts=TCP_NODELAY" in args and args.endswith(f"{source} .") for _, args in pulls), pulls
 
 
+def test_the_pull_reads_the_manifest_once_in_place_not_at_the_rsyncs_exit(tmp_path):
+    """rsync puts the manifest in place, then waits ~20 ms for its receiver process (here 2 s): the
+    plan and the pulls go on meanwhile, and the pull still ends with the snapshot recorded."""
+    head = staged_head(tmp_path)
+    worker = tmp_path / "worker" / head.name
+    log = tmp_path / "rsync.log"
+    env = stubs(tmp_path, rsync=(f'case "$*" in *--files-from*) echo "pull $(date +%s.%N)" >> {log}; exec /usr/bin/rsync "$@";; esac\n'
+                                 f'/usr/bin/rsync "$@" || exit\nsleep 2\necho "exit $(date +%s.%N)" >> {log}\n'))
+    proc = run_pull(tmp_path, head, worker, env, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    events = dict(line.split() for line in log.read_text().splitlines())
+    assert float(events["pull"]) < float(events["exit"]) - 1, events
+    assert tool.manifest(str(worker))["digest"] == tool.manifest(str(head))["digest"]
+
+
 def test_a_pull_whose_source_has_no_manifest_ends_naming_it(tmp_path):
     head = staged_head(tmp_path)
     (head / tool.MANIFEST).unlink()
@@ -888,18 +903,24 @@ def test_pull_and_serve_commands_ship_no_file_list_and_fit_one_argument(tmp_path
 
 def serve_run(tmp_path: Path, workers: list[str], stale: bool = False):
     """``serve_command`` run with stand-ins for systemctl and systemd-run (each keeps its arguments;
-    systemd-run also the daemon's config as it was when the unit started)."""
+    systemd-run also the daemon's config as it was when the unit started). ``stale``: a unit a run
+    that died left is still there: systemd-run refuses the name until systemctl stops it, whose
+    ``ExecStopPost`` removes the config."""
     seen = tmp_path / "seen"
     seen.mkdir()
     repo = tmp_path / "hf" / "models--org--name"
     repo.mkdir(parents=True)
+    conf = tmp_path / "run/stage-rsyncd.conf"
+    if not stale:
+        (seen / "stopped").touch()
     env = stubs(
         tmp_path,
-        systemctl=f'echo "$*" >> {seen}/systemctl\n{"exit 0" if stale else "exit 5"}\n',
-        **{"systemd-run": (f'printf "%s\\n" "$@" > {seen}/systemd-run\n'
+        systemctl=f'echo "$*" >> {seen}/systemctl\ntouch {seen}/stopped\nrm -f {conf}\n',
+        **{"systemd-run": (f'[ -e {seen}/stopped ] || {{ echo "Unit was already loaded" >&2; exit 1; }}\n'
+                           f'printf "%s\\n" "$@" > {seen}/systemd-run\n'
                            f'for a; do case "$a" in --config=*) cp "${{a#--config=}}" {seen}/rsyncd.conf;; esac; done\n')},
     )
-    command = transfer.serve_command(str(repo), workers, "10.213.1.1", 8730, conf=str(tmp_path / "run/stage-rsyncd.conf"))
+    command = transfer.serve_command(str(repo), workers, "10.213.1.1", 8730, conf=str(conf))
     proc = subprocess.run(["sh", "-c", command.get_raw_value()], env=env, capture_output=True, text=True, timeout=60)
     return proc, seen, repo
 
@@ -920,8 +941,10 @@ def test_the_head_serves_read_only_to_the_workers_from_a_transient_unit_that_end
     workers = ["10.213.1.2", "10.213.1.3", "10.213.1.4"]
     proc, seen, repo = serve_run(tmp_path, workers, stale=stale)
     assert proc.returncode == 0, proc.stderr
-    # a unit a run that died left behind is stopped first (its stop failing when there is none)
-    assert (seen / "systemctl").read_text() == f"stop {transfer.STAGE_UNIT}\n"
+    # a unit a run that died left behind is stopped, then this run's started (with its config);
+    # none there: no stop (one systemd-run, which does not wait for the start job)
+    stops = (seen / "systemctl").read_text() if (seen / "systemctl").exists() else ""
+    assert stops == (f"stop {transfer.STAGE_UNIT}\n" if stale else "")
     conf = rsyncd_conf((seen / "rsyncd.conf").read_text())
     assert conf[("", "address")] == "10.213.1.1" and conf[("", "port")] == "8730"
     assert conf[("", "socket options")] == "TCP_NODELAY"
@@ -930,8 +953,9 @@ def test_the_head_serves_read_only_to_the_workers_from_a_transient_unit_that_end
     assert conf[("stage", "hosts allow")].split() == workers
     assert conf[("stage", "hosts deny")] == "*"
     run = (seen / "systemd-run").read_text().splitlines()
-    assert f"--unit={transfer.STAGE_UNIT}" in run and "--collect" in run
-    assert {"--property=KillSignal=SIGKILL", "--property=RuntimeMaxSec=6h"} <= set(run)
+    assert f"--unit={transfer.STAGE_UNIT}" in run and "--collect" in run and "--no-block" in run
+    # killed once the pulls are done (transfer.unserve_command): a success, not a failed unit
+    assert {"--property=KillSignal=SIGKILL", "--property=SuccessExitStatus=SIGKILL", "--property=RuntimeMaxSec=6h"} <= set(run)
     conf_file = tmp_path / "run/stage-rsyncd.conf"
     assert f"--property=ExecStopPost=/bin/rm -f {conf_file}" in run
     assert run[-4:] == ["rsync", "--daemon", "--no-detach", f"--config={conf_file}"]

@@ -338,7 +338,7 @@ def test_without_the_heads_current_manifest_nothing_is_served_or_pulled_and_a_ru
 
 def test_the_head_stops_its_daemon_when_it_runs_and_else_does_nothing():
     head, workers = nodes("d1", "d0", unit_active=True)
-    assert [rendered(c) for c in served(head, workers, present=False)[0]] == [f"systemctl stop {transfer.STAGE_UNIT}"]
+    assert [rendered(c) for c in served(head, workers, present=False)[0]] == [f"systemctl kill --signal=SIGKILL {transfer.STAGE_UNIT}"]
     head, workers = nodes("d1", "d0", unit_active=False)
     assert served(head, workers, present=False) == ([], [f"nothing serves {REPO_DIR}"])
 
