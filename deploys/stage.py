@@ -15,8 +15,8 @@ from sparkinfra.operations.stage import (
     snapshot_downloaded,
     snapshot_manifest,
     snapshot_matches,
-    snapshot_pulled,
     snapshot_served,
+    snapshot_synced,
 )
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
@@ -68,21 +68,15 @@ for repo, revision in transfer.models(cluster):
             repo_dir=repo_dir,
         )
     # On every node, each in turn (pyinfra orders an operation after those every node ran before it):
-    # the head starts its daemon, every worker whose copy differs pulls, the head stops the daemon,
-    # and each node's copy, the head's too, is checked (a mismatch after the pulls names the files).
-    snapshot_served(
-        name=f"The head serves {repo} to the workers whose copy differs",
+    # the head serves the snapshot while every worker whose copy differs pulls it, the head stops
+    # serving, and each node's copy, the head's too, is checked (a mismatch names the files).
+    snapshot_synced(
+        name=f"Each worker's {repo} is pulled from the head where it differs (the head serves it meanwhile)",
         repo_dir=repo_dir,
         head=head,
         workers=workers,
         bind_ip=str(cluster.head.fabric_ip),
         port=config.stage_port,
-        deep=deep,
-    )
-    snapshot_pulled(
-        name=f"Each worker's {repo} is pulled from the head where it differs",
-        repo_dir=repo_dir,
-        head=head,
         source=source,
         streams=config.stage_streams,
         deep=deep,

@@ -195,8 +195,8 @@ def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", 
     """
     Ensure the head serves a snapshot, read-only on its fabric address, to the workers whose
     manifest digest differs from its own, from a transient unit (``transfer.STAGE_UNIT``) that
-    lives for the transfer only: ``present=True`` before they pull, ``present=False`` after. Run on
-    every node (the workers do nothing): their pulls come after it.
+    lives for the transfer only: ``present=True`` while they pull (``snapshot_synced``),
+    ``present=False`` after. Run on every node (the workers do nothing).
 
     + repo_dir: the repository's folder in the HF cache (the same path on every node)
     + head: the pyinfra host holding the snapshot
@@ -230,8 +230,8 @@ def snapshot_pulled(repo_dir: str, head, source: str, streams: int, deep: bool =
     """
     Ensure this host's (a worker's) copy of a snapshot matches the head's manifest: when its
     digest differs, it pulls only missing, short (resumed) or differing files, in parallel
-    streams, from the head's daemon (``snapshot_served``), every worker at once. Run on every
-    node (the head holds the snapshot).
+    streams, from the head's daemon (``snapshot_served``, started as they start: ``snapshot_synced``),
+    every worker at once. Run on every node (the head holds the snapshot).
 
     + repo_dir: the repository's folder in the HF cache (the same path on every node)
     + head: the pyinfra host holding the snapshot
@@ -251,6 +251,30 @@ def snapshot_pulled(repo_dir: str, head, source: str, streams: int, deep: bool =
         return
     # Its bytes, rate and ETA every few seconds, then its total and its time.
     yield shown(transfer.pull_command(repo_dir, source, streams, deep))
+
+
+@operation()
+def snapshot_synced(repo_dir: str, head, workers: list, bind_ip: str, port: int, source: str, streams: int,
+                    deep: bool = False):
+    """
+    Ensure every worker's copy of a snapshot matches the head's manifest: the head serves it
+    (``snapshot_served``) while each worker whose digest differs pulls it (``snapshot_pulled``). One
+    operation on every node, so the workers' sessions start with the head's (pyinfra runs an
+    operation on every host at once): each pull waits for the daemon's port. ``snapshot_served``
+    with ``present=False`` stops the daemon after it.
+
+    + repo_dir: the repository's folder in the HF cache (the same path on every node)
+    + head: the pyinfra host holding the snapshot
+    + workers: ``(pyinfra host, fabric IP)`` of each worker
+    + bind_ip, port: where the head's daemon listens
+    + source: the same daemon, as the workers read it (``transfer.source``)
+    + streams: parallel rsync streams per worker
+    + deep: compare by the hash of every file, not only of those whose size or mtime changed
+    """
+    if host.name == head.name:
+        yield from snapshot_served._inner(repo_dir=repo_dir, head=head, workers=workers, bind_ip=bind_ip, port=port, deep=deep)
+    else:
+        yield from snapshot_pulled._inner(repo_dir=repo_dir, head=head, source=source, streams=streams, deep=deep)
 
 
 @operation()

@@ -25,7 +25,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from sparkbed import hub
 from sparkinfra import scripts, transfer
-from sparkinfra.operations.stage import HF_TOKEN_FILE, snapshot_downloaded, snapshot_pulled, snapshot_served
+from sparkinfra.operations.stage import HF_TOKEN_FILE, snapshot_downloaded, snapshot_pulled, snapshot_served, snapshot_synced
 from sparkinfra.scripts import hf_download
 
 from test_operations import FakeHost, rendered
@@ -334,6 +334,20 @@ def test_without_the_heads_current_manifest_nothing_is_served_or_pulled_and_a_ru
     for placeholder in (served(head, workers)[0], run_on(workers[0], snapshot_pulled, **{**kwargs, "head": head})[0]):
         waiting = StringCommand("echo", f"{REPO_DIR} reaches the workers once the head's manifest is made")
         assert [rendered(c) for c in placeholder] == [rendered(waiting)]
+
+
+def test_one_operation_has_the_head_serve_while_the_workers_behind_pull():
+    """snapshot_synced: on the head, snapshot_served's daemon for the workers behind; on each
+    worker, snapshot_pulled's pull (or nothing where its copy matches), in the same operation."""
+    head, (behind, level) = nodes("d1", "d0", "d1")
+    source = transfer.source("10.213.1.1", 8730)
+    kwargs = dict(repo_dir=REPO_DIR, head=head, workers=[(behind, "10.213.1.2"), (level, "10.213.1.3")],
+                  bind_ip="10.213.1.1", port=8730, source=source, streams=4)
+    (serve,) = run_on(head, snapshot_synced, **kwargs)[0]
+    assert rendered(serve) == rendered(transfer.serve_command(REPO_DIR, ["10.213.1.2"], "10.213.1.1", 8730))
+    (pull,) = run_on(behind, snapshot_synced, **kwargs)[0]
+    assert rendered(shown_command(pull)) == rendered(transfer.pull_command(REPO_DIR, source, 4))
+    assert run_on(level, snapshot_synced, **kwargs) == ([], [f"{REPO_DIR} matches the head's manifest"])
 
 
 def test_the_head_stops_its_daemon_when_it_runs_and_else_does_nothing():
