@@ -195,6 +195,8 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     starting = (
         status.get("unit") in ("active", "activating") and status.get("started") == digest
         and age is not None and age < ready_timeout and status.get("api") != "ok"
+        # a rotated key: the running lane refuses the new one (401), nothing is starting
+        and status.get("api_key") != "changed"
         and all(state in ("active", "activating") for state in status.get("workers", {}).values())
     )
     if starting:

@@ -601,6 +601,9 @@ def test_secrets_never_leak(serving):
     debug = bed.controller(*_pyinfra("-y", "--debug", "-vvv", INV, "deploys/serve.py"))
     assert debug.returncode == 0, debug.stderr[-3000:]
     assert "Snapshot sparkbed/tiny-llama" in debug.stdout + debug.stderr
+    # restarted by the converge for the new key at once, though it started minutes ago (a young lane
+    # answering 401 is not one still starting: waiting, its watch would restart it after 2 failures)
+    assert "restarts (with its workers): its API key changed" in debug.stdout + debug.stderr, debug.stderr[-3000:]
     as_json = bed.controller(*_pyinfra("-y", "--json", INV, "deploys/serve.py"))
     dry = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=32"))
     verify = bed.verify(INV, "-vv")

@@ -347,6 +347,16 @@ def test_a_lane_already_starting_is_waited_for_then_restarted_if_it_never_serves
         f"'it did not become ready' && {WAIT} ))), (), {{}})")
 
 
+def test_a_young_lane_whose_api_key_changed_restarts_at_once_not_waited_for():
+    """Rotated soon after a start: the running lane refuses the head's new key (401), which is not a
+    lane still starting; waiting would last until its watch restarted it, or ready_timeout."""
+    commands, _ = _lane_running({**SERVING, "age": 30, "api": "HTTP 401: Unauthorized", "api_key": "changed"})
+    assert [rendered(c) for c in commands[:2]] == [
+        "rm -f /run/sparkinfra/lanes/sim.failures",
+        f"{LANE_CTL} restart /etc/sparkinfra/lanes/sim.json 'its API key changed'",
+    ]
+
+
 def test_a_serving_lane_is_left_alone():
     assert _lane_running(SERVING) == ([], ["lane sim serves"])
 
