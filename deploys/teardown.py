@@ -8,7 +8,7 @@ why the lane last stopped); a lane switch or a full teardown removes it.
     pyinfra inventory/pair.py deploys/teardown.py
 
 A full teardown also removes the rest of what sparkinfra installed: the runner; the NCCL env file; the GPU clock lock (the driver's clocks back);
-the fabric address and its boot config (the port's MTU stays); the head's SSH mesh and its key on
+the fabric and twin addresses and their boot config (the port's MTU stays); the head's SSH mesh and its key on
 the workers. It needs the cluster's name, checked before any connection. Images, model snapshots
 (with their manifests), the compile caches, the pinned NCCL library and the converge lock stay:
 deploys/serve.py serves again moving neither image nor weights, and starts warm.
@@ -38,7 +38,7 @@ from sparkinfra.operations.mesh import (
     ssh_key_authorized,
     ssh_key_present,
 )
-from sparkinfra.operations.nccl import NCCL_ENV_FILE
+from sparkinfra.operations.nccl import NCCL_ENV_FILE, node_port
 from sparkinfra.operations.stage import snapshot_served
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
@@ -110,9 +110,8 @@ if config.teardown == "full":
     # NCCL and the fabric (the pinned library and the port's MTU stay).
     file_content(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
     boot = fabric_persisted(
-        name=f"Fabric address and MTU of {fabric.interface} are not in sparkinfra's boot config",
-        interface=fabric.interface,
-        address=address,
+        name=f"Fabric addresses and MTU of {fabric.interface} and its twin are not in sparkinfra's boot config",
+        links=[],
         mtu=fabric.mtu,
         present=False,
     )
@@ -122,4 +121,13 @@ if config.teardown == "full":
         address=address,
         present=False,
     )
+    twin = node_port(fabric).twin
+    if twin:
+        twin_address = fabric.twin_address(node.fabric_ip)
+        fabric_address(
+            name=f"Twin address {twin_address} is not on {twin}",
+            interface=twin,
+            address=twin_address,
+            present=False,
+        )
     systemd.daemon_reload(name="systemd has forgotten the removed units", _if=any_changed(boot, clocks))

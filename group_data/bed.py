@@ -1,3 +1,5 @@
+from sparkbed import NCCL_INDEX_URL
+
 # Every cluster of the test bed (group `bed` of inventory/sim*.py): addresses inside the bed's
 # namespaces only. Each cluster's own group file adds its name and ports.
 fabric_subnet = "10.213.1.0/24"
@@ -5,8 +7,10 @@ fabric_mtu = 4200
 # The bed's ib_write_bw stand-in measures a TCP stream over the veth fabric, on 2 shared cores (a few
 # Gb/s): its floor, not a Spark's.
 fabric_min_gbps = 1
-# The bed's stand-in libnccl.so.2 (reports 2.30.7), placed on every node by deploys/prepare.py.
-nccl_library_upload = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7/libnccl.so.2"
+# The pin as on a Spark: the head fetches nvidia-nccl-cu13 2.30.7's wheel for its platform from a
+# package index (the bed's hub serves one, with wheels of its stand-in libnccl.so.2) and copies it to
+# every worker over the fabric.
+nccl_index = NCCL_INDEX_URL
 preflight_free_gb = 1
 # Staging: one rsync stream per worker. Every node shares this machine's 2 cores, where a second
 # stream only adds processes switching in (a 2 GiB pull: 1.61-1.67 s with one, 1.82-1.92 s with two,

@@ -5,5 +5,5 @@ from sparkbed.layout import SHAPES
 cluster = "sim8"
 
 # Not the seeds' names (inventory/sim8.py brings the nodes up in this shape): nothing may assume them.
+# Its twin and both RDMA devices are found on each node (mlx5_3 and mlx5_1, the cable on port f1).
 fabric_interface = SHAPES["site2"].fabric
-rdma_devices = list(SHAPES["site2"].rdma)

@@ -16,8 +16,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="bring up N simulated nodes")
     p_up.add_argument("--nodes", type=int, default=2)
-    p_up.add_argument("--shape", choices=sorted(bed.SHAPES), default="spark",
-                      help="the nodes' fabric port, RDMA devices and users (sparkbed.layout.SHAPES)")
+    p_up.add_argument("--shape", choices=sorted(bed.SHAPES), default=bed.DEFAULT_SHAPE,
+                      help="the nodes' netdevs and RDMA devices, the cabled port, users (sparkbed.layout.SHAPES)")
     sub.add_parser("build", help="build what the bed caches (base, image rootfs, tiny model), once")
     sub.add_parser("down", help="stop every node and remove all bed state")
     p_reboot = sub.add_parser("reboot", help="reboot a node (systemctl reboot inside it)")

@@ -165,23 +165,31 @@ def vllm_tree() -> Path | None:
     return purelib if Path(spec.origin).is_relative_to(purelib) else Path(spec.origin).parents[1]
 
 
-# A lane image carries its own NCCL (pip's nvidia-nccl, the system's libnccl2): on a GB10 the one to
-# fear is 2.29.7. The bed's image has a stand-in of it at both places, so a rank whose LD_PRELOAD of
-# the pin is missing loads the system's by name, and one without the pin mounted over pip's copy
-# loads that by path (as torch does), as on a Spark.
-IMAGE_NCCL_VERSION = "2.29.7"
-IMAGE_NCCL = (
-    "usr/lib/x86_64-linux-gnu/libnccl.so.2",
-    "usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-)
+# A lane image carries its own NCCL, as a CUDA 13 image with PyTorch does: the system's libnccl2
+# (another version: what ``libnccl.so.2`` by name loads) and pip's nvidia-nccl-cu13 (what torch
+# loads by path), here of the pinned version but ANOTHER BUILD than the pin (other bytes, other ELF
+# build-id): a version string is not an identity. A rank whose LD_PRELOAD of the pin is missing
+# loads the system's by name, and one without the pin mounted over pip's copy loads that by path.
+IMAGE_NCCL = {
+    "usr/lib/x86_64-linux-gnu/libnccl.so.2": ("2.28.3", "libnccl2"),
+    "usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib/libnccl.so.2": ("2.30.7", "pip-nvidia-nccl-cu13"),
+}
+IMAGE_NCCL_VERSION = "2.28.3"  # the system copy's (what loads by name)
+# Bump when IMAGE_NCCL changes: a cached image rootfs whose stamp differs gets the new copies.
+IMAGE_NCCL_KEY = "2"
+_IMAGE_NCCL_STAMP = ".sparkbed-nccl"
 
 
 def _write_image_nccl() -> None:
+    stamp = IMAGE_ROOTFS / _IMAGE_NCCL_STAMP
+    current = stamp.read_text().strip() if stamp.exists() else ""
     missing = [path for path in IMAGE_NCCL if not (IMAGE_ROOTFS / path).exists()]
-    for path in missing:
-        compile_nccl_standin(IMAGE_NCCL_VERSION, IMAGE_ROOTFS / path)
-    if missing:
-        run("ldconfig", "-r", str(IMAGE_ROOTFS))
+    if current == IMAGE_NCCL_KEY and not missing:
+        return
+    for path, (version, build_tag) in IMAGE_NCCL.items():
+        compile_nccl_standin(version, IMAGE_ROOTFS / path, build_tag=build_tag)
+    run("ldconfig", "-r", str(IMAGE_ROOTFS))
+    stamp.write_text(IMAGE_NCCL_KEY + "\n")
 
 
 # The sim lane's model

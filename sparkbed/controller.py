@@ -1,20 +1,24 @@
 """
 The controller's side of the bed (``CONTROLLER_DIR``): its SSH key, known hosts and ssh config, the
 pyinfra inventory entries built from them (``sim_hosts``), the NCCL stand-in libraries deploys
-upload, the secrets a user's shell would hold (the hub's token, the API key: ``controller_env``),
-and the hub (``hub.py``) serving the tiny model in the management namespace.
+upload, the ``nvidia-nccl-cu13`` wheels of the hub's package index, the secrets a user's shell
+would hold (the hub's token, the API key: ``controller_env``), and the hub (``hub.py``) serving the
+tiny model and the package index in the management namespace.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import subprocess
+import zipfile
 import sys
 from pathlib import Path
 
 from .cache import SIM_MODEL, SIM_REVISION, build_tiny_model
-from .layout import (CACHE, CONTROLLER_DIR, MGMT_GATEWAY, MGMT_NS, STATE, _enter_own_cgroup, compile_nccl_standin,
-                     sim_nodes)
+from .layout import (CACHE, CONTROLLER_DIR, DEFAULT_SHAPE, MGMT_GATEWAY, MGMT_NS, STATE, _enter_own_cgroup,
+                     compile_nccl_standin, sim_nodes)
 
 
 # NCCL stand-ins (deploys upload them: group_data/bed.py)
@@ -31,6 +35,70 @@ def nccl_standin(version: str) -> Path:
 def build_nccl_standins() -> None:
     for version in NCCL_STANDIN_VERSIONS:
         compile_nccl_standin(version, nccl_standin(version))
+    build_nccl_wheels()
+
+
+# The package index's wheels: NVIDIA's nvidia-nccl-cu13 layout around the stand-in
+# -------------------------------------------------------------------------------
+
+PYPI_ROOT = CONTROLLER_DIR / "pypi"  # the hub's index: every wheel here, one project per name
+NCCL_WHEEL_PROJECT = "nvidia-nccl-cu13"
+# (version, platform): the pin for the bed's x86_64 nodes and for a GB10 (its .so the same x86 stand-in:
+# only there to prove platform selection), and a version a node must not run.
+NCCL_WHEELS = (("2.30.7", "manylinux_2_18_x86_64"), ("2.30.7", "manylinux_2_18_aarch64"),
+               ("2.27.3", "manylinux_2_18_x86_64"))
+_ZIP_TIME = (2025, 1, 1, 0, 0, 0)  # fixed: the same wheel bytes (and sha256) on every bring-up
+
+
+def nccl_wheel(version: str, platform: str = "manylinux_2_18_x86_64") -> Path:
+    return PYPI_ROOT / f"nvidia_nccl_cu13-{version}-py3-none-{platform}.whl"
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _write_wheel(path: Path, version: str, platform: str, library: bytes) -> None:
+    """A wheel laid out as NVIDIA's: ``nvidia/nccl/lib/libnccl.so.2`` and the dist-info."""
+    dist_info = f"nvidia_nccl_cu13-{version}.dist-info"
+    files = {
+        "nvidia/nccl/lib/libnccl.so.2": library,
+        f"{dist_info}/METADATA": (
+            "Metadata-Version: 2.1\nName: nvidia-nccl-cu13\n"
+            f"Version: {version}\nSummary: NVIDIA Collective Communication Library (NCCL) Runtime "
+            "(sparkinfra test bed stand-in: answers ncclGetVersion only)\nLicense: NVIDIA Proprietary Software\n"
+            "Requires-Python: >=3\n"
+        ).encode(),
+        f"{dist_info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: sparkbed\nRoot-Is-Purelib: true\n"
+            f"Tag: py3-none-{platform}\n"
+        ).encode(),
+    }
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
+    files[f"{dist_info}/RECORD"] = (record + f"{dist_info}/RECORD,,\n").encode()
+    tmp = path.with_name(f".{path.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as whl:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, _ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = (0o100755 if name.endswith(".so.2") else 0o100644) << 16
+            whl.writestr(info, data)
+    tmp.replace(path)
+
+
+def build_nccl_wheels() -> list[Path]:
+    """The index's wheels (from the stand-ins ``build_nccl_standins`` compiled; the pin's bytes
+    are ``nccl_standin("2.30.7")``'s, so a site's own upload and the index give the same file)."""
+    PYPI_ROOT.mkdir(parents=True, exist_ok=True)
+    made = []
+    for version, platform in NCCL_WHEELS:
+        library = nccl_standin(version)
+        if not library.exists():
+            compile_nccl_standin(version, library)
+        path = nccl_wheel(version, platform)
+        _write_wheel(path, version, platform, library.read_bytes())
+        made.append(path)
+    return made
 
 
 # SSH to the nodes, and pyinfra's inventory entries
@@ -49,7 +117,7 @@ def ssh_config() -> Path:
     return CONTROLLER_DIR / "ssh_config"
 
 
-def sim_hosts(count: int = 2, shape: str = "spark") -> list[tuple[str, dict]]:
+def sim_hosts(count: int = 2, shape: str = DEFAULT_SHAPE) -> list[tuple[str, dict]]:
     """pyinfra inventory entries for the bed's nodes (of ``shape``, as ``up`` made them)."""
     return [
         (
@@ -77,6 +145,17 @@ HUB_ROOT = CACHE / "hub"
 HUB_PORT = 8731
 HUB_URL = f"http://{MGMT_GATEWAY}:{HUB_PORT}"
 HUB_TOKEN_ENV = "SPARKBED_HF_TOKEN"
+# The hub's package index (PEP 503, not gated): ``/simple/<project>/``, files under ``/packages/``.
+NCCL_INDEX_URL = HUB_URL + "/simple"
+HUB_DOWNLOADS = STATE / "hub-downloads.log"  # one line per .whl the hub served whole
+
+
+def nccl_index_downloads() -> int:
+    """How many times a ``.whl`` was fully downloaded from the index since the hub started."""
+    try:
+        return len(HUB_DOWNLOADS.read_text().splitlines())
+    except OSError:
+        return 0
 
 
 def hub_token_file() -> Path:
@@ -108,17 +187,22 @@ def controller_env() -> dict[str, str]:
 
 
 def _start_hub() -> int:
-    """Serve the tiny model at HUB_URL (repo SIM_MODEL, revision SIM_REVISION) until the bed goes down."""
+    """Serve the tiny model at HUB_URL (repo SIM_MODEL, revision SIM_REVISION), and the package index
+    at NCCL_INDEX_URL, until the bed goes down."""
     repo = HUB_ROOT / SIM_MODEL / SIM_REVISION
     if not repo.exists():
         repo.parent.mkdir(parents=True, exist_ok=True)
         repo.symlink_to(build_tiny_model())
     token = hub_token_file()
     _secret(token)
+    if not PYPI_ROOT.is_dir():
+        build_nccl_wheels()
+    HUB_DOWNLOADS.write_text("")  # counted since this hub started
     log_file = open(STATE / "hub.log", "a")
     proc = subprocess.Popen(
         ["ip", "netns", "exec", MGMT_NS, sys.executable, "-m", "sparkbed.hub", "--root", str(HUB_ROOT),
-         "--host", MGMT_GATEWAY, "--port", str(HUB_PORT), "--token-file", str(token)],
+         "--host", MGMT_GATEWAY, "--port", str(HUB_PORT), "--token-file", str(token),
+         "--index", str(PYPI_ROOT), "--downloads", str(HUB_DOWNLOADS)],
         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
         preexec_fn=lambda: _enter_own_cgroup("hub"),
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},

@@ -24,8 +24,13 @@ repositories are gated as on the hub: info and listings stay public, file downlo
 credentials in Authorization header" everywhere. One line per request goes to stderr, never with
 a header's value other than ``Range``.
 
-``python -m sparkbed.hub --root DIR --host H --port P [--token-file F]`` serves until
-SIGTERM or SIGINT.
+Beside it, a Python package index (PEP 503 "simple", never gated) over a folder of wheels
+(``index``): ``GET /simple/`` lists the projects, ``GET /simple/<project>/`` (names normalized;
+other spellings redirect) lists each file as ``<a href="../../packages/FILE#sha256=HEX">FILE</a>``,
+``GET /packages/FILE`` serves it. Each ``.whl`` sent whole appends one line to ``downloads``.
+
+``python -m sparkbed.hub --root DIR --host H --port P [--token-file F] [--index DIR [--downloads F]]``
+serves until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import html
 import json
 import re
 import signal
@@ -49,6 +55,7 @@ CHUNK = 1 << 20
 SHA_RE = re.compile(r"[0-9a-f]{40}")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
+DIST_FILE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._]*?)-[0-9][^/]*\.(whl|tar\.gz|zip)")
 
 _hashes: dict[tuple, dict] = {}
 _hash_lock = threading.Lock()
@@ -158,6 +165,45 @@ def iso_mtime(path: Path) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(path.stat().st_mtime))
 
 
+# The package index
+# -----------------
+
+
+def normalize(name: str) -> str:
+    """A project name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def index_projects(index: Path) -> dict[str, list[Path]]:
+    """``{normalized project: [its files]}`` of the distribution files in ``index``."""
+    projects: dict[str, list[Path]] = {}
+    for path in sorted(index.iterdir()) if index.is_dir() else []:
+        m = DIST_FILE_RE.fullmatch(path.name)
+        if m and path.is_file():
+            projects.setdefault(normalize(m.group(1)), []).append(path)
+    return projects
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, memoized on (inode, size, mtime)."""
+    st = path.stat()
+    key = ("sha256", str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _hashes:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
+        _hashes[key] = digest.hexdigest()
+    return _hashes[key]
+
+
+def simple_page(title: str, anchors: list[tuple[str, str]]) -> bytes:
+    links = "".join(f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br/>\n' for href, text in anchors)
+    return (f'<!DOCTYPE html>\n<html>\n  <head>\n    <meta name="pypi:repository-version" content="1.0">\n'
+            f"    <title>{html.escape(title)}</title>\n  </head>\n  <body>\n    <h1>{html.escape(title)}</h1>\n"
+            f"{links}  </body>\n</html>\n").encode()
+
+
 # HTTP
 # ----
 
@@ -204,6 +250,10 @@ class Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         query = parse_qs(url.query)
         try:
+            if parts[:1] in (["simple"], ["packages"]) and self.server.index is not None:
+                self.auth = "index"  # the package index is never gated
+                self.package_index(parts, url, body)
+                return
             self.check_auth()
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 self.api(parts[2:], query, url, body)
@@ -343,6 +393,60 @@ class Handler(BaseHTTPRequestHandler):
         if self.sent < last - first + 1:
             self.close_connection = True  # cut short (drop_after, or the file shrank): the client sees it
 
+    def package_index(self, parts: list[str], url, body: bool) -> None:
+        """PEP 503 pages and the files they link (see the module docstring)."""
+        index = self.server.index
+        if parts[0] == "simple":
+            if parts in (["simple"], ["simple", ""]) and not url.path.endswith("/"):
+                return self.redirect("/simple/", body)
+            if parts == ["simple", ""]:
+                projects = sorted(index_projects(index))
+                return self.send_html(simple_page("Simple index", [(f"{p}/", p) for p in projects]), body)
+            if len(parts) in (2, 3) and parts[2:] in ([], [""]) and safe_parts(parts[1:2]):
+                name = normalize(parts[1])
+                files = index_projects(index).get(name)
+                if files is None:
+                    raise HubError(404, None, f"No such project: {parts[1]}")
+                if name != parts[1] or len(parts) == 2:
+                    return self.redirect(f"/simple/{name}/", body)
+                anchors = [(f"../../packages/{f.name}#sha256={sha256_of(f)}", f.name) for f in files]
+                return self.send_html(simple_page(f"Links for {name}", anchors), body)
+            raise HubError(404, None, "Not Found")
+        if len(parts) != 2 or not safe_parts(parts[1:]) or not (index / parts[1]).is_file():
+            raise HubError(404, None, "Not Found")
+        path = index / parts[1]
+        size = path.stat().st_size
+        self.send_response(200)
+        for key, value in {"Content-Type": "application/octet-stream", "Content-Length": str(size),
+                           "ETag": f'"{sha256_of(path)}"'}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if not body:
+            return
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                self.wfile.write(chunk)
+                self.sent += len(chunk)
+        self.wfile.flush()
+        if self.sent == size and path.name.endswith(".whl") and self.server.downloads is not None:
+            with _log_lock, open(self.server.downloads, "a") as counter:
+                counter.write(f"{time.strftime('%H:%M:%S')} {self.client_address[0]} {path.name}\n")
+
+    def redirect(self, location: str, body: bool) -> None:
+        self.send_response(301)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def send_html(self, payload: bytes, body: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
+            self.sent = len(payload)
+
     def send_json(self, data, body: bool, headers: dict | None = None, status: int = 200) -> None:
         payload = json.dumps(data).encode()
         self.send_response(status)
@@ -367,16 +471,21 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(root: Path, host: str, port: int, token: str | None = None, *,
-          drop_after: int | None = None) -> ThreadingHTTPServer:
+          drop_after: int | None = None, index: Path | None = None,
+          downloads: Path | None = None) -> ThreadingHTTPServer:
     """
     Start serving ``root`` on ``host:port`` (0: any free port, see ``server_address``) in a daemon
     thread; the caller calls ``shutdown()`` and ``server_close()``. With ``token``, the repositories
     are gated on it. ``drop_after`` (a fault for tests) closes every download that asks for no
     ``Range`` after that many bytes, so only a client that resumes with ``Range`` completes.
+    ``index``: a folder of wheels served as a package index (``downloads``: the file each whole
+    ``.whl`` download appends a line to).
     """
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     server.root, server.token, server.drop_after = Path(root), token, drop_after
+    server.index = Path(index) if index is not None else None
+    server.downloads = Path(downloads) if downloads is not None else None
     threading.Thread(target=server.serve_forever, args=(0.1,), name="hub", daemon=True).start()
     threading.Thread(target=warm, args=(Path(root),), name="hub-warm", daemon=True).start()
     return server
@@ -388,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--token-file", type=Path, help="a file holding the token that gates every repository")
+    parser.add_argument("--index", type=Path, help="a folder of wheels to serve as a PEP 503 index (/simple/)")
+    parser.add_argument("--downloads", type=Path, help="a file each whole .whl download appends a line to")
     args = parser.parse_args(argv)
     token = None
     if args.token_file:
@@ -398,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.root} is not a folder")
     stop = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the threads start: only sigwait sees them
-    server = serve(args.root, args.host, args.port, token)
+    server = serve(args.root, args.host, args.port, token, index=args.index, downloads=args.downloads)
     host, port = server.server_address[:2]
     log(f"hub: serving {args.root} on http://{host}:{port}{' (gated)' if token else ''}")
     signal.sigwait(stop)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .cache import build_base, build_image_rootfs
 from .controller import _start_hub, build_nccl_standins, controller_key, known_hosts, ssh_config
-from .layout import (CGROUP_ROOTS, CONTROLLER_DIR, MGMT_NS, NODES_DIR, PREFIX, STATE, log, run, sim_nodes,
+from .layout import (CGROUP_ROOTS, CONTROLLER_DIR, DEFAULT_SHAPE, MGMT_NS, NODES_DIR, PREFIX, SHAPES, STATE, log, run, sim_nodes,
                      state_file)
 from .network import _make_networks, install_guard_routes, remove_guard_routes
 from .nodes import _mount_root, _start_supervisor, _wait_ssh, _write_identity, wait_running
@@ -27,11 +27,13 @@ from .nodes import _mount_root, _start_supervisor, _wait_ssh, _write_identity, w
 # --
 
 
-def up(count: int = 2, shape: str = "spark") -> dict:
-    """Bring up ``count`` nodes of ``shape`` (a key of ``SHAPES``: fabric port, RDMA devices,
-    users), clearing whatever an earlier, killed run left, and wait for them."""
+def up(count: int = 2, shape: str = DEFAULT_SHAPE) -> dict:
+    """Bring up ``count`` nodes of ``shape`` (a key of ``SHAPES``: netdevs and their RDMA devices,
+    the cabled port, users), clearing whatever an earlier, killed run left, and wait for them."""
     if count < 2:
         raise SystemExit("the bed needs at least 2 nodes")
+    if shape not in SHAPES:
+        raise SystemExit(f"no such shape {shape!r}: one of {', '.join(sorted(SHAPES))}")
     started = time.monotonic()
     install_guard_routes()
     clear_stale()

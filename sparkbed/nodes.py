@@ -48,7 +48,7 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     for path in (home, ssh_dir, ssh_dir / "authorized_keys"):
         os.chown(path, int(uid_gid), int(gid))
     # Stand-ins for the GPU/RDMA tools, and the unit that keeps the fake RDMA sysfs live.
-    for tool in ("show_gids", "ibv_devinfo", "ib_write_bw", "nvidia-smi"):
+    for tool in ("show_gids", "ibv_devinfo", "ibdev2netdev", "ib_write_bw", "nvidia-smi"):
         dest = root / "usr/local/bin" / tool
         shutil.copy(STANDINS / tool, dest)
         dest.chmod(0o755)
@@ -56,13 +56,11 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     lib.mkdir(parents=True, exist_ok=True)
     shutil.copy(STANDINS / "rdma_standin.py", lib / "rdma_standin.py")
     shutil.copy(STANDINS / "sparkbed-rdma.service", root / "etc/systemd/system/sparkbed-rdma.service")
-    form = SHAPES[node.shape]  # the stand-in's netdev and HCAs: this node's shape
+    form = SHAPES[node.shape]  # the stand-in's RDMA devices, each with its own netdev: this node's shape
     dropin = root / "etc/systemd/system/sparkbed-rdma.service.d"
     dropin.mkdir(parents=True, exist_ok=True)
-    (dropin / "shape.conf").write_text(
-        f"[Service]\nEnvironment=SPARKBED_NETDEV={form.fabric}\n"
-        f"Environment=\"SPARKBED_RDMA_DEVICES={' '.join(form.rdma)}\"\n"
-    )
+    pairs = " ".join(f"{dev}={netdev}" for netdev, dev in form.pairs)
+    (dropin / "shape.conf").write_text(f"[Service]\nEnvironment=\"SPARKBED_RDMA_PAIRS={pairs}\"\n")
     shutil.copy(STANDINS / "sparkbed-cgroups.service", root / "etc/systemd/system/sparkbed-cgroups.service")
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)

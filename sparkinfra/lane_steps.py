@@ -20,6 +20,7 @@ from pyinfra.operations.util import any_changed
 from . import lanes, serving
 from .lanes import Lane
 from .operations.files import file_content, render, secret_env_file
+from .operations.nccl import NCCL_IDENTITY
 from .operations.lane import (
     lane_running,
     lane_validated,
@@ -94,6 +95,11 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
         name=f"Container check is at {serving.CONTAINER_CHECK}",
         path=serving.CONTAINER_CHECK,
         src=str(serving.CONTAINER_CHECK_SOURCE),
+    )
+    file_content(
+        name=f"NCCL identity reader is at {NCCL_IDENTITY}, beside the container check",
+        path=NCCL_IDENTITY,
+        src=str(serving.NCCL_IDENTITY_SOURCE),
     )
     file_content(
         name=f"Mod runner is at {serving.APPLY_MODS}",

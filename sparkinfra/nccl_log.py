@@ -16,6 +16,7 @@ Formats (NCCL's ``init.cc``, ``transport/net_ib.cc``, ``param.cc``; the same fro
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 _VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+)")
@@ -76,4 +77,37 @@ def problems(start: NcclStart, *, pin: str | None, rdma: bool, hcas: list[str], 
         found.append(f"NET/IB uses {' '.join(start.hcas) or 'no HCA'}, the cluster's are {' '.join(wanted)}")
     if start.gid_index != gid_index:
         found.append(f"NCCL took GID index {start.gid_index or '(not said)'}, this node's is {gid_index}")
+    return found
+
+
+# What a rank's live processes mapped (``scripts/nccl_identity.py --live``, run in its container)
+# ------------------------------------------------------------------------------------------------
+
+
+def live_command(container: str, pin: str, script: str) -> str:
+    """The shell command, run as root on a node, that reads which ``libnccl`` each vLLM process of
+    ``container`` mapped (its ``/proc/PID/maps``, in the container's PID namespace) with the identity
+    of the file mapped, and the pin's (``script``: ``nccl_identity.py`` on the node, fed on stdin)."""
+    return f"docker exec -i {shlex.quote(container)} python3 - --live --match vllm --pin {shlex.quote(pin)} < {shlex.quote(script)}"
+
+
+def live_problems(report: dict) -> list[str]:
+    """
+    What is wrong in ``nccl_identity.py --live``'s report: a vLLM process that mapped a libnccl
+    that is not the pin (by sha256: the same version of another build is named as such), or no
+    vLLM process that mapped one at all (a wrapper shell maps none, and is no problem by itself).
+    """
+    pin = report.get("pin") or {}
+    if not pin.get("sha256"):
+        return [f"the pin {pin.get('path', '?')} cannot be read in the container ({pin.get('error', 'no identity')})"]
+    processes = report.get("processes") or []
+    mapped = [p for p in processes if p.get("path")]
+    found = []
+    for process in mapped:
+        if process.get("sha256") != pin["sha256"]:
+            found.append(f"pid {process.get('pid')} ({process.get('cmd', '')[:60]}) mapped {process['path']}, "
+                         f"build-id {str(process.get('build_id'))[:12]} sha256 {str(process.get('sha256'))[:12]}, "
+                         f"not the pin (build-id {str(pin.get('build_id'))[:12]} sha256 {pin['sha256'][:12]})")
+    if not mapped:
+        found.append(f"no vLLM process has mapped a libnccl ({len(processes)} vLLM processes)")
     return found

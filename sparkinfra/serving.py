@@ -15,7 +15,7 @@ from pathlib import Path
 from pyinfra.api import QuoteString, StringCommand
 
 from . import lanes, scripts
-from .operations.nccl import NCCL_ENV_FILE
+from .operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_IDENTITY_SCRIPT
 from .settings import Cluster, Node
 
 LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
@@ -25,6 +25,8 @@ LANE_CTL_SOURCE = scripts.path("lane_ctl.py")
 CONTAINER_CHECK = "/usr/local/lib/sparkinfra/container_check.py"
 CONTAINER_CHECK_SOURCE = scripts.path("container_check.py")
 CONTAINER_CHECK_IN = "/run/sparkinfra/container_check.py"
+NCCL_IDENTITY_SOURCE = scripts.path(NCCL_IDENTITY_SCRIPT)
+NCCL_IDENTITY_IN = "/run/sparkinfra/nccl_identity.py"
 PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks and restart history (kept over reboots)
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
@@ -216,7 +218,9 @@ class RankPlan:
             "head_lost_timeout": self.head_lost_timeout,
             "start_timeout": self.start_timeout,
             "rendezvous": {"host": self.head_ip, "port": self.rendezvous_port} if self.rendezvous_port else None,
-            "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args)},
+            "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args),
+                                # beside the check in the container: it compares NCCL builds by identity
+                                "identity": {"script": NCCL_IDENTITY, "mount": NCCL_IDENTITY_IN}},
             "nccl_pin": self.nccl_pin,
             "drop_caches": self.drop_caches,
             "mods": [{"name": name, "sha256": digest} for name, digest in self.mods],
@@ -346,7 +350,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             drop_caches=_page_cache_dropper(lane, config, "127.0.0.1" if is_head else str(cluster.head.fabric_ip),
                                             lane.api_port or config.api_port),
             nccl_pin=config.nccl_library,
-            check_args=("--nccl-version", config.nccl_version,
+            check_args=("--nccl-version", config.nccl_version, "--nccl-pin", config.nccl_library,
                         *(("--rdma", "--rdma-port", str(cluster.fabric.rdma_port)) if lane.container.rdma else ())),
             # A headless rank has no request to finish, and once rank 0 is gone vLLM's executor
             # waits 5 s for its worker process, then TERMs it, then KILLs it (about 11 s in all):
@@ -372,7 +376,8 @@ def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:
 def lane_digest(plans: list[RankPlan]) -> str:
     """One hash of every rank's plan, env, unit values, unit template and lane_ctl: any change restarts."""
     digest = hashlib.sha256()
-    for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes(), CONTAINER_CHECK_SOURCE.read_bytes()):
+    for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes(), CONTAINER_CHECK_SOURCE.read_bytes(),
+                 NCCL_IDENTITY_SOURCE.read_bytes()):
         digest.update(hashlib.sha256(part).digest())
     for p in plans:
         digest.update(json.dumps([p.runner_plan(), p.env, p.unit_values()], sort_keys=True).encode())

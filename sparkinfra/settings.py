@@ -20,7 +20,7 @@ import ast
 import difflib
 import re
 from collections.abc import Callable
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -115,6 +115,24 @@ def rdma_device_problem(value: str) -> str | None:
     return device_problem(
         value, "an RDMA device's name", 63, "IB_DEVICE_NAME_MAX", "it names a folder of /sys/class/infiniband"
     )
+
+
+def twin_problem(value: str) -> str | None:
+    if value in ("", "none"):
+        return None
+    return interface_problem(value)
+
+
+def wheel_problem(value: str) -> str | None:
+    if value and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+        return f"{value!r} is not a package name (PEP 508: letters, digits, '.', '_', '-')"
+    return None
+
+
+def url_problem(value: str) -> str | None:
+    if not re.fullmatch(r"https?://[^\s'\"]+", value):
+        return f"{value!r} is not an http(s) URL"
+    return None
 
 
 def container_problem(value: str) -> str | None:
@@ -306,9 +324,21 @@ class HostSettings(BaseModel):
         "enp1s0f0np0", description="Ethernet side of the ConnectX-7 port."
     )
     fabric_subnet: IPv4Network = Field(description="Fabric subnet; every fabric_ip lies in it.")
-    fabric_mtu: int = Field(4200, ge=1280, le=9216, description="MTU of the fabric interface.")
+    fabric_mtu: int = Field(4200, ge=1280, le=9216, description="MTU of the fabric port: the fabric interface and its twin.")
+    fabric_twin_interface: Annotated[str, _checked(twin_problem)] = Field(
+        "", description="The other PCIe function (\"twin\") of the fabric port: its own netdev, RDMA device "
+        "and GID table, the same MTU (docs/fabric.md). Empty: found on each node, the netdev named as "
+        "fabric_interface in another PCI domain (enp1s0f0np0 -> enP2p1s0f0np0); `none`: a port without one.",
+    )
+    fabric_twin_subnet: Literal["link-local"] | IPv4Network = Field(
+        "link-local", description="Where the twin's IPv4 lies (its GID table needs one for RoCE v2): "
+        "`link-local`, 169.254.X.Y/16 from the node's fabric_ip's last two bytes (the common netplan's "
+        "`link-local: [ipv4]`, made stable); or a subnet of its own, never the fabric subnet, the twin's "
+        "address then at the node's offset in it.",
+    )
     rdma_devices: list[Annotated[str, _checked(rdma_device_problem)]] = Field(
-        ["rocep1s0f0", "roceP2p1s0f0"], min_length=1, description="RDMA devices on the fabric port."
+        [], description="RDMA devices NCCL uses (NCCL_IB_HCA); empty: those of the fabric port's twins, "
+        "read from each node (ibdev2netdev's sysfs), fabric_interface's first.",
     )
     rdma_port: int = Field(1, ge=1, description="Port of the RDMA devices.")
     fabric_min_gbps: float = Field(
@@ -345,7 +375,16 @@ class HostSettings(BaseModel):
         description="The pinned libnccl.so.2 on each node (mounted at the same path into lanes).",
     )
     nccl_library_upload: str = Field(
-        "", description="Controller file placed at nccl_library on every node; empty: already there."
+        "", description="The site's own NCCL build: a controller file placed at nccl_library on every node; "
+        "empty: the head fetches nccl_wheel.",
+    )
+    nccl_wheel: Annotated[str, _checked(wheel_problem)] = Field(
+        "nvidia-nccl-cu13", description="The package whose wheel (nccl_version, the nodes' platform) holds the pin's "
+        "libnccl.so.2: fetched once by the head from nccl_index, copied to every node over the fabric; "
+        "empty: nccl_library must already be on every node.",
+    )
+    nccl_index: Annotated[str, _checked(url_problem)] = Field(
+        "https://pypi.org/simple", description="The package index (PEP 503) the head fetches nccl_wheel from.",
     )
 
     container_name: Annotated[str, _checked(container_problem)] = Field(
@@ -507,6 +546,20 @@ class HostSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _twin_apart(self) -> "HostSettings":
+        # The twin is another netdev; its own address is never in the fabric subnet (routing and
+        # NCCL's interface discovery break with one subnet on two netdevs).
+        if self.fabric_twin_interface == self.fabric_interface:
+            raise _rule("fabric_twin_interface", f"{self.fabric_twin_interface} is fabric_interface itself: "
+                        "the twin is the port's other PCIe function (enP2p1s0f0np0 for enp1s0f0np0)")
+        twin = self.fabric_twin_subnet
+        if twin != "link-local" and (twin.overlaps(self.fabric_subnet) or twin.overlaps(IPv4Network("169.254.0.0/16"))):
+            clash = self.fabric_subnet if twin.overlaps(self.fabric_subnet) else "169.254.0.0/16 (link-local)"
+            raise _rule("fabric_twin_subnet", f"{twin} overlaps {clash}: the twin's subnet must be its own "
+                        "(or `link-local`)")
+        return self
+
+    @model_validator(mode="after")
     def _gpu_clock_range(self) -> "HostSettings":
         if self.gpu_clock_cap:
             low, high = (int(x) for x in self.gpu_clock_cap.split(","))
@@ -540,7 +593,6 @@ WHY: dict[str, str | dict[str, str]] = {
         "ge": "1280 is IPv6's minimum link MTU",
         "le": "9216 is the largest jumbo frame Ethernet switches commonly carry",
     },
-    "rdma_devices": "NCCL needs an HCA on the fabric port",
     "rdma_port": "an HCA numbers its ports from 1",
     "api_port": "a TCP port is 1..65535",
     "master_port": "a TCP port is 1..65535",
@@ -578,8 +630,20 @@ class Fabric(BaseModel):
     interface: str
     subnet: IPv4Network
     mtu: int
-    rdma_devices: tuple[str, ...]
+    rdma_devices: tuple[str, ...]  # empty: the twins' own, read from each node
     rdma_port: int
+    twin: str = ""  # the twin's netdev; "": found on each node; "none": no twin
+    twin_subnet: Literal["link-local"] | IPv4Network = "link-local"
+
+    def twin_address(self, fabric_ip: IPv4Address) -> str:
+        """The twin's IPv4 with its prefix on the node whose fabric address is ``fabric_ip``:
+        169.254.X.Y/16 from its last two bytes (X kept off IPv4LL's reserved 0 and 255), or the
+        same offset in ``twin_subnet``."""
+        if self.twin_subnet == "link-local":
+            third, fourth = fabric_ip.packed[2], fabric_ip.packed[3]
+            return f"169.254.{min(max(third, 1), 254)}.{fourth}/16"
+        offset = int(fabric_ip) - int(self.subnet.network_address)
+        return f"{self.twin_subnet.network_address + offset}/{self.twin_subnet.prefixlen}"
 
 
 class Cluster(BaseModel):
@@ -598,6 +662,7 @@ class Cluster(BaseModel):
     def _check_nodes(self) -> "Cluster":
         seen_ranks: dict[int, str] = {}
         seen_ips: dict[IPv4Address, str] = {}
+        seen_twins: dict[IPv4Address, str] = {}
         subnet = self.fabric.subnet
         for node in self.nodes:
             ip = node.fabric_ip
@@ -612,6 +677,14 @@ class Cluster(BaseModel):
                     raise _rule(key, why, node.name)
             seen_ranks[node.rank] = node.name
             seen_ips[ip] = node.name
+            twin = IPv4Interface(self.fabric.twin_address(ip))
+            net = IPv4Network(self.fabric.twin_subnet) if self.fabric.twin_subnet != "link-local" else twin.network
+            if self.fabric.twin != "none" and (twin.ip in seen_twins or twin.ip not in net or twin.ip in (
+                    net.network_address, net.broadcast_address)):
+                why = (f"{node.name}'s twin address {twin.ip} is also {seen_twins[twin.ip]}'s"
+                       if twin.ip in seen_twins else f"{node.name}'s twin address {twin.ip} is not a host of {net}")
+                raise _rule("fabric_twin_subnet", why, node.name)
+            seen_twins[twin.ip] = node.name
         if 0 not in seen_ranks:
             raise _rule("rank", f"cluster {self.name} has no rank 0 (head)", self.nodes[0].name)
         missing = sorted(set(range(len(self.nodes))) - set(seen_ranks))
@@ -933,6 +1006,8 @@ def load_settings(
                     mtu=first.fabric_mtu,
                     rdma_devices=tuple(first.rdma_devices),
                     rdma_port=first.rdma_port,
+                    twin=first.fabric_twin_interface,
+                    twin_subnet=first.fabric_twin_subnet,
                 ),
                 config=first,
             )

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 from pyinfra.api import QuoteString, StringCommand
 
-from . import chat, lanes, nccl_log, remote, scripts, serving, transfer
-from .operations.nccl import NCCL_ENV_FILE
+from ipaddress import IPv4Interface
+
+from . import chat, lanes, nccl_log, remote, roce, scripts, serving, transfer
+from .operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
 from .run import InventorySettingsError
-from .settings import Cluster
+from .settings import Cluster, Fabric
 
 HISTORY_SHOWN = 5  # the lane's last events a status shows
 
@@ -66,6 +68,7 @@ def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
     return json.dumps({
         "lane": paths, "container": config.container_name, "image": image,
         "interface": cluster.fabric.interface, "nccl_env": NCCL_ENV_FILE, "repos": repos,
+        "pin": config.nccl_library, "pin_record": NCCL_PIN_RECORD, "identity_script": NCCL_IDENTITY,
         "snapshot_tool": base64.b64encode(transfer.tool_source().encode()).decode() if repos else "",
     })
 
@@ -109,7 +112,7 @@ def api_state(cluster: Cluster, want: Expected) -> dict:
     return found
 
 
-def node_view(node, report: dict, head: dict, want: Expected) -> dict:
+def node_view(node, report: dict, head: dict, want: Expected, fabric: Fabric | None = None) -> dict:
     """What ``status`` shows of one node."""
     if "unreachable" in report or "error" in report:
         return {"name": node.name, "rank": node.rank, "reached": False,
@@ -132,9 +135,43 @@ def node_view(node, report: dict, head: dict, want: Expected) -> dict:
         },
         "fabric": fab,
         "gid_index": report["gid_index"],
+        **(twins(node, report, fabric) if fabric else {"twins": [], "twin_problems": []}),
         "nccl_version": version,
+        "pin": report.get("pin") or {},
+        "live_nccl": report.get("live_nccl"),
         "other_lanes": report["other_units"],
     }
+
+
+def twins(node, report: dict, cluster_fabric: Fabric) -> dict:
+    """The fabric port's twins on a node as status shows them: each HCA with its netdev, MTU, state
+    and the GID row NCCL uses there, and what is wrong with them (the rule prepare and verify apply)."""
+    links = report.get("rdma") or []
+    found = {"twins": [], "twin_problems": []}
+    port = roce.port_of(cluster_fabric, links)
+    tables = {link["device"]: link["gids"] for link in links}
+    index = report.get("gid_index") or ""
+    by_device = {link["device"]: link for link in links}
+    for device, netdev in port.hcas:
+        rows = tables.get(device) or []
+        row = index or str(roce.ipv4_v2_row(rows, netdev))
+        link = (by_device.get(device) or {}).get("link") or {}
+        found["twins"].append({"device": device, "netdev": netdev, "row": row, "mtu": link.get("mtu"),
+                               "operstate": link.get("operstate"), "addresses": link.get("addresses", [])})
+    problems = list(port.problems)
+    if report.get("nccl_hcas") is not None and report["nccl_hcas"] != ",".join(port.devices):
+        problems.append(f"NCCL_IB_HCA is {report['nccl_hcas']}, the port's HCAs are {','.join(port.devices)}")
+    problems += roce.index_problems(port, tables, str(node.fabric_ip), index)
+    for twin in found["twins"]:
+        if twin["operstate"] != "up" or twin["mtu"] != cluster_fabric.mtu:
+            problems.append(f"{twin['netdev']} ({twin['device']}) is {twin['operstate']}, MTU {twin['mtu']} "
+                            f"(the settings: up, MTU {cluster_fabric.mtu})")
+        inside = [a for a in twin["addresses"] if twin["netdev"] != port.interface
+                  and IPv4Interface(a).ip in cluster_fabric.subnet]
+        if inside:
+            problems.append(f"twin {twin['netdev']} holds {', '.join(inside)} of the fabric subnet {cluster_fabric.subnet}")
+    found["twin_problems"] = problems
+    return found
 
 
 def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | None) -> list[str]:
@@ -171,6 +208,19 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
         pin = cluster.config.nccl_version
         if node["nccl_version"] and node["nccl_version"] != pin:
             found.append(f"{where}: NCCL {node['nccl_version']} started, the pin is {pin}")
+        found += [f"{where}: {problem}" for problem in node["twin_problems"]]
+        head_pin = next((n.get("pin", {}).get("sha256") for n in nodes if n["rank"] == 0 and n["reached"]), None)
+        mine = node["pin"].get("sha256")
+        if not mine:
+            found.append(f"{where}: no pinned NCCL at {cluster.config.nccl_library} (a converge places it)")
+        elif head_pin and mine != head_pin:
+            found.append(f"{where}: {cluster.config.nccl_library} is another build than the head's "
+                         f"(sha256 {mine[:12]}, the head's {head_pin[:12]})")
+        live = node.get("live_nccl")
+        if live and "error" in live:
+            found.append(f"{where}: which libnccl its vLLM mapped could not be read ({live['error']})")
+        elif live:
+            found += [f"{where}: {problem}" for problem in nccl_log.live_problems(live)]
         fab = node["fabric"]
         if not fab.get("present"):
             found.append(f"{where}: no fabric port {cluster.fabric.interface}")
@@ -194,7 +244,7 @@ def cluster_status(reached: remote.Reached) -> dict:
     answers = dict(zip([name for name, _ in hosts], remote.at_once([(node_report, (h, query)) for _, h in hosts])))
     answers.update({name: {"unreachable": why} for name, why in reached.unreachable.items()})
     head = answers.get(cluster.head.name, {})
-    nodes = [node_view(node, answers[node.name], head, want) for node in cluster.nodes]
+    nodes = [node_view(node, answers[node.name], head, want, cluster.fabric) for node in cluster.nodes]
     api = api_state(cluster, want) if want.lane else None
     found = problems(cluster, want, nodes, api)
     return {
@@ -202,6 +252,19 @@ def cluster_status(reached: remote.Reached) -> dict:
         "serving": not found and want.lane is not None, "ok": not found, "problems": found,
         "api": api, "nodes": nodes, "history": (head.get("history") or [])[-HISTORY_SHOWN:],
     }
+
+
+def gid_cell(node: dict) -> str:
+    """Each twin's HCA with the GID row NCCL uses there (``rocep1s0f0:3 roceP2p1s0f0:3``)."""
+    if not node.get("twins"):
+        return node["gid_index"] or "-"
+    return " ".join(f"{twin['device']}:{twin['row']}" for twin in node["twins"])
+
+
+def nccl_cell(node: dict) -> str:
+    """The NCCL version the lane's log says it started (a GPU lane's) and the pin's sha256 on the node."""
+    pin = (node.get("pin") or {}).get("sha256")
+    return " ".join(part for part in (node["nccl_version"], f"pin {pin[:12]}" if pin else "") if part) or "-"
 
 
 def when(epoch: float | None) -> str:
@@ -235,7 +298,7 @@ def text(status: dict) -> str:
             (node["image_id"][7:19] if node["image_id"] else "missing")
             + ("" if node["rank"] == 0 or node["image_matches_head"] else " ≠head"),
             "-" if not snaps else "match" if all(snaps.values()) else "DIFFER",
-            fabric, node["gid_index"] or "-", node["nccl_version"] or "-",
+            fabric, gid_cell(node), nccl_cell(node),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -1,13 +1,16 @@
 #!/usr/bin/python3 -Xstand-in=sparkinfra-test-bed
 """
 STAND-IN (sparkinfra test bed): keeps a fabricated /sys/class/infiniband tree in step with the
-fabric interface's live state, the way mlx5 fills a ConnectX-7 port's GID table, and makes the
-/dev/infiniband device nodes (uverbs per HCA, rdma_cm) a lane's container is given.
+netdevs' live state, the way mlx5 fills a ConnectX-7 port's GID table, and makes the
+/dev/infiniband device nodes (uverbs per RDMA device, rdma_cm) a lane's container is given.
 
-Rows 0/1 are the MAC-derived link-local GID (RoCE v1, RoCE v2); every other address of the
-netdev takes the first free pair of rows when it appears (v1 then v2) and frees it when it goes.
-Unused rows read as zeros with empty type/ndev. Both HCAs of the port (rocep1s0f0 and its twin)
-show the same table, as on a Spark.
+One RDMA device per netdev (``SPARKBED_RDMA_PAIRS``: ``dev=netdev`` words; a GB10 has four: two
+QSFP ports, two PCIe functions, "twins", each). Each device's table is filled from ITS OWN netdev:
+rows 0/1 are its MAC-derived link-local GID (RoCE v1, RoCE v2); every other address of that
+netdev (IPv6 non-link-local, every IPv4 including 169.254/16 link-local) takes the first free pair
+of rows when it appears (v1 then v2) and frees it when it goes. Unused rows read as zeros with
+empty type/ndev. ``device/net/<netdev>/`` (what ibdev2netdev reads) and ``netdev`` name the
+netdev; port state follows its operstate.
 """
 
 import ipaddress
@@ -19,14 +22,18 @@ import sys
 import time
 from pathlib import Path
 
-NETDEV = os.environ.get("SPARKBED_NETDEV", "enp1s0f0np0")
-DEVICES = os.environ.get("SPARKBED_RDMA_DEVICES", "rocep1s0f0 roceP2p1s0f0").split()
+PAIRS = [word.split("=", 1) for word in os.environ.get(
+    "SPARKBED_RDMA_PAIRS",
+    "rocep1s0f0=enp1s0f0np0 rocep1s0f1=enp1s0f1np1 roceP2p1s0f0=enP2p1s0f0np0 roceP2p1s0f1=enP2p1s0f1np1",
+).split()]
+DEVICES = sorted(dev for dev, _ in PAIRS)
 PORT = 1
 ROWS = 32
 CLASS = Path("/sys/class")
 SAVED = Path("/run/sparkbed/sysclass")
 SLOTS = Path("/run/sparkbed/gid_slots.json")
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+_written: dict[Path, str] = {}
 
 
 def sh(*args):
@@ -54,7 +61,7 @@ def make_devices():
     ``docker run --device /dev/infiniband`` hands a lane's container. Nothing opens them on the bed."""
     folder = Path("/dev/infiniband")
     folder.mkdir(exist_ok=True)
-    nodes = {f"uverbs{i}": (231, 192 + i) for i in range(len(DEVICES))}
+    nodes = {f"uverbs{i}": (231, 192 + i) for i in range(len(DEVICES))}  # one per RDMA device
     nodes["rdma_cm"] = (10, 58)
     for name, (major, minor) in nodes.items():
         path = folder / name
@@ -76,71 +83,80 @@ def link_local_from_mac(mac):
     return ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui))
 
 
-def read_netdev():
-    out = subprocess.run(["ip", "-j", "addr", "show", "dev", NETDEV], capture_output=True, text=True)
-    info = json.loads(out.stdout or "[]")
-    if not info:
-        return None, []
-    info = info[0]
-    addresses = []
-    for a in info.get("addr_info", []):
-        addr = ipaddress.ip_address(a["local"])
-        if addr.version == 6 and addr.is_link_local:
-            continue
-        addresses.append(str(addr))
-    return info.get("address", "00:00:00:00:00:00"), addresses
+def read_netdevs():
+    """``{netdev: (mac, [addresses other than the IPv6 link-local])}`` for every netdev there is."""
+    out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True)
+    found = {}
+    for info in json.loads(out.stdout or "[]"):
+        addresses = []
+        for a in info.get("addr_info", []):
+            addr = ipaddress.ip_address(a["local"])
+            if addr.version == 6 and addr.is_link_local:
+                continue
+            addresses.append(str(addr))
+        found[info["ifname"]] = (info.get("address", "00:00:00:00:00:00"), addresses)
+    return found
 
 
-def assign_slots(addresses):
-    """Pairs of rows per address, kept while the address stays (like the kernel's GID cache)."""
-    try:
-        slots = json.loads(SLOTS.read_text())
-    except (OSError, ValueError):
-        slots = {}
-    slots = {a: s for a, s in slots.items() if a in addresses}
+def assign_slots(netdev, addresses, table):
+    """Pairs of rows per address of one netdev, kept while the address stays (like the kernel's GID cache)."""
+    slots = {a: s for a, s in table.get(netdev, {}).items() if a in addresses}
     used = set(slots.values())
     for address in addresses:
         if address not in slots:
             pair = next(p for p in range(1, ROWS // 2) if p not in used)
             slots[address] = pair
             used.add(pair)
-    SLOTS.parent.mkdir(parents=True, exist_ok=True)
-    SLOTS.write_text(json.dumps(slots))
+    table[netdev] = slots
     return slots
 
 
 def write(path, text):
+    if _written.get(path) == text:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.rename(path)
+    _written[path] = text
 
 
 def render():
-    mac, addresses = read_netdev()
-    if mac is None:
-        return
-    slots = assign_slots(addresses)
-    rows = {0: (gid_of(link_local_from_mac(mac)), "IB/RoCE v1"), 1: (gid_of(link_local_from_mac(mac)), "RoCE v2")}
-    for address, pair in slots.items():
-        gid = gid_of(ipaddress.ip_address(address))
-        rows[2 * pair] = (gid, "IB/RoCE v1")
-        rows[2 * pair + 1] = (gid, "RoCE v2")
+    netdevs = read_netdevs()
     try:
-        operstate = Path(f"/sys/class/net/{NETDEV}/operstate").read_text().strip()
-    except OSError:
-        operstate = "down"
-    for dev in DEVICES:
-        port = CLASS / "infiniband" / dev / "ports" / str(PORT)
+        table = json.loads(SLOTS.read_text())
+    except (OSError, ValueError):
+        table = {}
+    for dev, netdev in PAIRS:
+        if netdev not in netdevs:
+            continue
+        mac, addresses = netdevs[netdev]
+        slots = assign_slots(netdev, addresses, table)
+        local = gid_of(link_local_from_mac(mac))
+        rows = {0: (local, "IB/RoCE v1"), 1: (local, "RoCE v2")}
+        for address, pair in slots.items():
+            gid = gid_of(ipaddress.ip_address(address))
+            rows[2 * pair] = (gid, "IB/RoCE v1")
+            rows[2 * pair + 1] = (gid, "RoCE v2")
+        try:
+            operstate = Path(f"/sys/class/net/{netdev}/operstate").read_text().strip()
+        except OSError:
+            operstate = "down"
+        top = CLASS / "infiniband" / dev
+        port = top / "ports" / str(PORT)
         for i in range(ROWS):
             gid, kind = rows.get(i, (ZERO, ""))
             write(port / "gids" / str(i), gid + "\n")
             write(port / "gid_attrs" / "types" / str(i), kind + ("\n" if kind else ""))
-            write(port / "gid_attrs" / "ndevs" / str(i), (NETDEV + "\n") if kind else "")
+            write(port / "gid_attrs" / "ndevs" / str(i), (netdev + "\n") if kind else "")
         write(port / "state", "4: ACTIVE\n" if operstate == "up" else "1: DOWN\n")
         write(port / "phys_state", "5: LinkUp\n" if operstate == "up" else "3: Disabled\n")
         write(port / "link_layer", "Ethernet\n")
-        write(CLASS / "infiniband" / dev / "netdev", NETDEV + "\n")
+        write(top / "netdev", netdev + "\n")
+        # On a node ``device`` is the PCI function; its net/ holds the function's netdev.
+        (top / "device" / "net" / netdev).mkdir(parents=True, exist_ok=True)
+    SLOTS.parent.mkdir(parents=True, exist_ok=True)
+    SLOTS.write_text(json.dumps(table))
 
 
 def main():

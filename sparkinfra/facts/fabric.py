@@ -5,6 +5,7 @@ The fabric port, its network configuration backend, and the RoCE GID table of it
 from __future__ import annotations
 
 import json
+import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
@@ -171,3 +172,97 @@ def roce_v2_index(rows: list[dict], ipv4: str, netdev: str | None = None) -> int
             continue
         return row["index"]
     return None
+
+
+def ipv4_v2_row(rows: list[dict], netdev: str | None = None) -> int | None:
+    """
+    The row NCCL picks by itself when ``NCCL_IB_GID_INDEX`` is unset (since 2.21: the first RoCE v2
+    row of the address family ``NCCL_IB_ADDR_FAMILY`` names, IPv4 by default): the lowest RoCE v2 row
+    holding an IPv4-mapped GID (of ``netdev`` when given). ``None``: no such row (NCCL would fall
+    back to row 0, a link-local IPv6 GID no peer routes to).
+    """
+    for row in rows:
+        if row["type"] == "RoCE v2" and gid_ipv4(row["gid"]) and (not netdev or not row["ndev"] or row["ndev"] == netdev):
+            return row["index"]
+    return None
+
+
+# The port's RDMA devices and their netdevs (ibdev2netdev)
+# --------------------------------------------------------
+
+
+class RdmaNetdevs(FactBase):
+    """
+    Returns every RDMA device of the node with its netdev and its port's state, as
+    ``ibdev2netdev`` prints them (read from sysfs: ``/sys/class/infiniband/DEV/device/net/``),
+    sorted by device; ``[]`` when the node has none. A GB10 shows four, two per QSFP port:
+
+    .. code:: python
+
+        [
+            {"device": "roceP2p1s0f0", "port": 1, "netdev": "enP2p1s0f0np0", "state": "ACTIVE"},
+            {"device": "rocep1s0f0", "port": 1, "netdev": "enp1s0f0np0", "state": "ACTIVE"},
+            ...
+        ]
+    """
+
+    @override
+    def command(self) -> str:
+        # One "sysfs<TAB>dev<TAB>port<TAB>netdev<TAB>state" line per device port, with the shell's
+        # builtins; else ibdev2netdev's own lines.
+        return (
+            "if [ -d /sys/class/infiniband ] && ls /sys/class/infiniband/*/device/net >/dev/null 2>&1; then "
+            "for d in /sys/class/infiniband/*; do dev=${d##*/}; n=; "
+            "for x in $d/device/net/*; do [ -e \"$x\" ] && n=${x##*/} && break; done; "
+            "for p in $d/ports/*; do s=; read -r s < $p/state; "
+            "printf 'sysfs\\t%s\\t%s\\t%s\\t%s\\n' \"$dev\" \"${p##*/}\" \"$n\" \"$s\"; done; done 2>/dev/null; "
+            "elif command -v ibdev2netdev >/dev/null; then ibdev2netdev; fi"
+        )
+
+    @override
+    def process(self, output):
+        return parse_rdma_netdevs(output)
+
+
+IBDEV2NETDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)")
+
+
+def parse_rdma_netdevs(lines) -> list[dict]:
+    """Parse ``RdmaNetdevs``' sysfs lines or ``ibdev2netdev``'s (``rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)``)."""
+    found = []
+    for line in lines:
+        fields = line.rstrip("\n").split("\t")
+        if fields[0] == "sysfs" and len(fields) >= 5:
+            _, device, port, netdev, state = fields[:5]
+            state = state.split(":", 1)[-1].strip() if state else "missing"
+            found.append({"device": device, "port": int(port), "netdev": netdev, "state": state})
+            continue
+        match = IBDEV2NETDEV.match(line.strip())
+        if match:
+            device, port, netdev, up = match.groups()
+            found.append({"device": device, "port": int(port), "netdev": netdev,
+                          "state": "ACTIVE" if up == "Up" else "DOWN"})
+    return sorted(found, key=lambda d: (d["device"], d["port"]))
+
+
+def _without_domain(name: str) -> str:
+    """A predictable netdev name without its PCI domain: ``enP2p1s0f0np0`` -> ``enp1s0f0np0``."""
+    return re.sub(r"^en(P\d+)?p", "enp", name)
+
+
+def twin_of(interface: str, netdevs: list[str]) -> str | None:
+    """
+    The fabric port's twin among ``netdevs``: the one PCIe function of the same port in another PCI
+    domain, named as ``interface`` but for its domain (``enp1s0f0np0`` <-> ``enP2p1s0f0np0``, a
+    GB10's ConnectX-7). ``None`` when there is not exactly one.
+    """
+    twins = sorted({n for n in netdevs if n != interface and _without_domain(n) == _without_domain(interface)})
+    return twins[0] if len(twins) == 1 else None
+
+
+def port_devices(links: list[dict], netdevs: list[str], port: int) -> list[tuple[str, str]]:
+    """(RDMA device, netdev) of each of ``netdevs`` in that order (their ``port``): the HCAs NCCL uses."""
+    found = []
+    for netdev in netdevs:
+        found += [(d["device"], netdev) for d in links if d["netdev"] == netdev and d["port"] == port]
+    return found

@@ -4,6 +4,8 @@ The NCCL library a node holds: its version, read from the library itself.
 
 from __future__ import annotations
 
+import json
+
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
@@ -45,3 +47,41 @@ def nccl_version_from_code(text: str) -> str | None:
     if code >= 20900:
         return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+class NcclPin(FactBase):
+    """
+    Returns the pinned library's sha256 (``None``: no such file) and the identity record written
+    beside it when it was placed (``None``: none, or not JSON).
+
+    + path: the library (``nccl_library``)
+    + record: its record (``/etc/sparkinfra/nccl-pin.json``)
+
+    .. code:: python
+
+        {"sha256": "3f2a...", "record": {"version": "2.30.7", "sha256": "3f2a...", "build_id": "9c1e...",
+                                         "source": {"index": "https://pypi.org/simple", ...}}}
+    """
+
+    @override
+    def command(self, path: str, record: str) -> StringCommand:
+        return StringCommand(
+            "(", "sha256sum", QuoteString(path), "2>/dev/null", "||", "echo", "-", ";",
+            "cat", QuoteString(record), "2>/dev/null", ";", "true", ")",
+        )
+
+    @override
+    def process(self, output):
+        return parse_pin(output)
+
+
+def parse_pin(lines) -> dict:
+    """Parse ``NcclPin``'s output: ``sha256sum``'s line (or ``-``), then the record's JSON."""
+    lines = list(lines)
+    first = lines[0].split() if lines else []
+    digest = first[0] if first and len(first[0]) == 64 else None
+    try:
+        record = json.loads("\n".join(lines[1:])) if len(lines) > 1 else None
+    except ValueError:
+        record = None
+    return {"sha256": digest, "record": record if isinstance(record, dict) else None}

@@ -13,7 +13,7 @@ import re
 import shlex
 
 from .. import serving
-from ..operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
+from ..operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_env, nccl_variables, upload_identity
 from ..settings import Cluster
 from .checks import check_lane
 from .images import lane_image
@@ -21,7 +21,9 @@ from .schema import Lane, LaneError
 
 # A variable whose name says it holds a credential is shown masked.
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
-GID_LATER = "<read on the node by deploys/prepare.py: the RoCE v2 row of its fabric IPv4>"
+GID_LATER = ("<read on the node by deploys/prepare.py: the IPv4 RoCE v2 row of each HCA's own netdev, "
+             "where both twins agree; unset where they differ (NCCL then takes each HCA's own)>")
+HCA_LATER = "<read on the node by deploys/prepare.py: the RDMA devices of {interface} and its twin>"
 PIN_OVER = "<each other libnccl.so* file in the container>"
 PIN_NOTE = (
     "{over}: found by the lane's runner in the image and the lane's mounts before the first start\n"
@@ -69,14 +71,18 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str
         f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {plans[0].digest}",
         "  " + "; ".join(revisions),
         "  " + image_line(lane, config.image),
-        "  nothing was connected: what depends on a node (its GID index) is read there by the deploys",
+        "  nothing was connected: what depends on a node (its twin, HCAs, GID rows) is read there by the deploys",
         *(f"  REFUSED by a converge: {problem}" for problem in problems),
     ]
-    nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, GID_LATER)  # the same on every node
+    fabric = cluster.fabric
+    hcas = list(fabric.rdma_devices) or [HCA_LATER.format(interface=fabric.interface)]
+    nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, hcas, GID_LATER)  # the same on every node
+    out += ["", *pin_lines(cluster)]
     for plan in plans:
         node = plan.node
         role = f"serves the API on :{plan.api_port}" if plan.is_head else f"headless, joins {plan.head_ip}"
         out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {serving.unit_name(lane.name)}"]
+        out += ["  " + line for line in twin_lines(cluster, node.fabric_ip)]
         out += ["  " + line for line in docker_lines(plan)]
         if plan.nccl_pin:
             out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=serving.plan_path(lane.name))]
@@ -87,6 +93,37 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str
             out += [f"  {plan.api_key_file} (root only, mounted at {serving.CONTAINER_API_KEY}):",
                     f"      VLLM_API_KEY=<${config.api_key_env} of the controller: not shown>"]
     return "\n".join(out) + "\n"
+
+
+def twin_lines(cluster: Cluster, fabric_ip) -> list[str]:
+    """The fabric port's twins on one node: each netdev with its address and MTU, its HCA, its GID row."""
+    fabric = cluster.fabric
+    mine = f"{fabric_ip}/{fabric.subnet.prefixlen}"
+    rows = "GID row: read there (its own netdev's IPv4 RoCE v2 row)"
+    if fabric.twin == "none":
+        return [f"fabric {fabric.interface} {mine}, MTU {fabric.mtu}; no twin (fabric_twin_interface = none); {rows}"]
+    twin = fabric.twin or "its twin (named as it in another PCI domain, found on the node)"
+    hcas = ", ".join(fabric.rdma_devices) if fabric.rdma_devices else "each one's own RDMA device (ibdev2netdev)"
+    return [f"fabric port twins: {fabric.interface} {mine} and {twin} {fabric.twin_address(fabric_ip)}, "
+            f"MTU {fabric.mtu} on both; HCAs: {hcas}; {rows}"]
+
+
+def pin_lines(cluster: Cluster) -> list[str]:
+    """Where the pinned NCCL comes from and what identifies it (sha256, ELF build-id)."""
+    config = cluster.config
+    if config.nccl_library_upload:
+        try:
+            identity = upload_identity(config.nccl_library_upload)
+        except OSError as exc:
+            return [f"NCCL pin {config.nccl_library}: the site's build {config.nccl_library_upload} ({exc.strerror})"]
+        return [f"NCCL pin {config.nccl_library}: the site's build {config.nccl_library_upload}, uploaded to every node",
+                f"  sha256 {identity['sha256']}, build-id {identity['build_id'] or 'none'}; must report {config.nccl_version}"]
+    if config.nccl_wheel:
+        return [f"NCCL pin {config.nccl_library}: libnccl.so.2 of {config.nccl_wheel} {config.nccl_version} (the nodes' "
+                f"platform) from {config.nccl_index},",
+                "  fetched once by the head (sha256 checked against the index's), copied to every worker over the fabric;",
+                f"  its sha256 and ELF build-id are recorded on every node in {NCCL_PIN_RECORD} ('status' shows them)"]
+    return [f"NCCL pin {config.nccl_library}: already on every node (must report {config.nccl_version})"]
 
 
 def docker_lines(plan: serving.RankPlan) -> list[str]:

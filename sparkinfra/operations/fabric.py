@@ -1,5 +1,6 @@
 """
-The fabric port: up with its MTU, the node's address on it, both back at boot.
+The fabric port: each of its netdevs (the fabric interface and its twin) up with the MTU, the
+node's addresses on them, all back at boot.
 """
 
 from __future__ import annotations
@@ -51,24 +52,26 @@ def fabric_link(interface: str, mtu: int, up: bool = True):
 
 
 @operation()
-def fabric_address(interface: str, address: str, present: bool = True):
+def fabric_address(interface: str, address: str, present: bool = True, apart_from: tuple[str, ...] = ()):
     """
-    Ensure the fabric interface carries an IPv4 address (at runtime).
+    Ensure a fabric port's netdev carries an IPv4 address (at runtime).
 
-    + interface: the fabric interface
+    + interface: the netdev (the fabric interface, or its twin)
     + address: the address with its prefix, ``192.168.192.1/24``
     + present: whether it must be there; other addresses of the same subnet (a renumbered or
       mistyped node) are removed when ``present``, since two would confuse GID and NCCL
+    + apart_from: subnets this netdev must hold no address of either (the twin: the fabric subnet,
+      never on both twins), removed when ``present``
     """
     wanted = IPv4Interface(address)
     link = _link(interface)
     current = [IPv4Interface(a) for a in link["ipv4"]]
-    subnet: IPv4Network = wanted.network
+    subnets: list[IPv4Network] = [wanted.network, *(IPv4Network(s) for s in apart_from)]
     changed = False
     for other in current:
         if other == wanted:
             continue
-        if present and (other.ip == wanted.ip or other.ip in subnet):
+        if present and (other.ip == wanted.ip or any(other.ip in subnet for subnet in subnets)):
             changed = True
             yield StringCommand("ip", "addr", "del", str(other), "dev", QuoteString(interface))
     if present and wanted not in current:
@@ -82,17 +85,18 @@ def fabric_address(interface: str, address: str, present: bool = True):
 
 
 @operation()
-def fabric_persisted(interface: str, address: str, mtu: int, present: bool = True):
+def fabric_persisted(links: list[tuple[str, str]], mtu: int, present: bool = True):
     """
-    Ensure the fabric address and MTU come back at boot: a netplan file where netplan is
-    installed (DGX OS), else a oneshot unit that sets them before the network is up. Nothing
-    is applied now (the runtime operations do that, without bouncing the link).
+    Ensure the fabric port's addresses and MTU come back at boot, on each of its netdevs (the
+    fabric interface and its twin): a netplan file where netplan is installed (DGX OS), else a
+    oneshot unit that sets them before the network is up. Nothing is applied now (the runtime
+    operations do that, without bouncing the link).
 
-    + interface: the fabric interface
-    + address: the address with its prefix
-    + mtu: the MTU
+    + links: ``(netdev, address with prefix)`` of each, the fabric interface first
+    + mtu: the MTU of both
     + present: whether the boot-time config must exist
     """
+    values = {"links": [{"interface": i, "address": a} for i, a in links], "mtu": mtu}
     if gathered(host, NetworkConfigBackend) == "netplan":
         dest = FABRIC_NETPLAN
         if not present:
@@ -100,7 +104,7 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
             return
         yield from file_content._inner(
             path=dest, mode="600",  # netplan refuses world-readable files
-            content=render("etc/netplan/60-sparkinfra-fabric.yaml.j2", interface=interface, address=address, mtu=mtu),
+            content=render("etc/netplan/60-sparkinfra-fabric.yaml.j2", **values),
         )
         return
     unit = FABRIC_UNIT
@@ -111,8 +115,7 @@ def fabric_persisted(interface: str, address: str, mtu: int, present: bool = Tru
         return
     changed = False
     for command in file_content._inner(
-        path=dest, mode="644",
-        content=render("etc/systemd/system/sparkinfra-fabric.service.j2", interface=interface, address=address, mtu=mtu),
+        path=dest, mode="644", content=render("etc/systemd/system/sparkinfra-fabric.service.j2", **values),
     ):
         changed = True
         yield command

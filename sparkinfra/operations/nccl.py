@@ -4,33 +4,43 @@ NCCL on a node: the pinned library and the node's NCCL environment (its own RoCE
 
 from __future__ import annotations
 
-from pyinfra import host
+import json
+from pathlib import Path
+
+from pyinfra import host, logger
 from pyinfra.api import (
+    QuoteString,
     StringCommand,
     operation,
 )
-from pyinfra.facts.files import File
 
-from ..facts.fabric import RoceGidTable, roce_v2_index
-from ..facts.nccl import NcclVersion
-from ..facts.reading import gathered
-from ..settings import Cluster
+from .. import roce, scripts
+from ..facts.fabric import RdmaNetdevs, RoceGidTable
+from ..facts.nccl import NcclPin, NcclVersion
+from ..facts.reading import gathered, gathered_each
+from ..progress import shown
+from ..scripts import nccl_identity
+from ..settings import Cluster, Fabric
 from .files import file_content, preparing, refuse, render
 
 NCCL_ENV_FILE = "/etc/sparkinfra/nccl.env"
+NCCL_PIN_RECORD = "/etc/sparkinfra/nccl-pin.json"  # the pin's identity: sha256, ELF build-id, where it came from
+NCCL_IDENTITY_SCRIPT = "nccl_identity.py"
+NCCL_IDENTITY = "/usr/local/lib/sparkinfra/nccl_identity.py"  # also mounted beside the container check
+NCCL_FETCH = "/usr/local/lib/sparkinfra/nccl_fetch.py"  # beside nccl_identity.py, which it imports
 
 
 def nccl_variables(cluster: Cluster) -> dict[str, str]:
     """
-    Every variable of a node's NCCL env file but ``NCCL_IB_GID_INDEX`` (read per node when the
-    file is written) and before ``nccl_env_overrides`` (applied last).
+    Every variable of a node's NCCL env file but those read on the node when the file is written
+    (``NCCL_IB_GID_INDEX``; ``NCCL_IB_HCA`` where ``rdma_devices`` is left to the node) and before
+    ``nccl_env_overrides`` (applied last).
     """
     config = cluster.config
     iface = cluster.fabric.interface
     env = dict(config.nccl_env)
     env.update(
         {
-            "NCCL_IB_HCA": ",".join(cluster.fabric.rdma_devices),
             "NCCL_SOCKET_IFNAME": iface,
             "GLOO_SOCKET_IFNAME": iface,
             "UCX_NET_DEVICES": iface,
@@ -39,14 +49,18 @@ def nccl_variables(cluster: Cluster) -> dict[str, str]:
             "LD_PRELOAD": config.nccl_library,
         }
     )
+    if cluster.fabric.rdma_devices:
+        env["NCCL_IB_HCA"] = ",".join(cluster.fabric.rdma_devices)
     return env
 
 
-def nccl_env(variables: dict[str, str], overrides: dict[str, str | None], gid_index: str) -> dict[str, str]:
-    """A node's NCCL env file's variables: ``variables`` (``nccl_variables``), its GID index, then
-    ``overrides`` (a ``None`` value removes the variable)."""
+def nccl_env(variables: dict[str, str], overrides: dict[str, str | None], hcas: list[str], gid_index: str) -> dict[str, str]:
+    """A node's NCCL env file's variables: ``variables`` (``nccl_variables``), its HCAs and GID index
+    ("": left to NCCL, which picks per HCA), then ``overrides`` (a ``None`` value removes the variable)."""
     env = dict(variables)
-    env["NCCL_IB_GID_INDEX"] = gid_index
+    env["NCCL_IB_HCA"] = ",".join(hcas)
+    if gid_index:
+        env["NCCL_IB_GID_INDEX"] = gid_index
     for key, value in overrides.items():
         if value is None:
             env.pop(key, None)
@@ -55,10 +69,9 @@ def nccl_env(variables: dict[str, str], overrides: dict[str, str | None], gid_in
     return env
 
 
-def _table(rows: list[dict] | None) -> str:
-    if rows is None:
-        return "no table"
-    return "; ".join(f"{r['index']}: {r['gid']} {r['type']} {r['ndev']}" for r in rows) or "no populated rows"
+def node_port(fabric: Fabric) -> roce.Port:
+    """This host's fabric port (its twin, its HCAs), read from the node now."""
+    return roce.port_of(fabric, gathered(host, RdmaNetdevs))
 
 
 @operation()
@@ -66,71 +79,150 @@ def nccl_environment(
     path: str,
     variables: dict[str, str],
     overrides: dict[str, str | None],
-    rdma_devices: list[str],
+    port: roce.Port,
     rdma_port: int,
     fabric_ip: str,
-    interface: str,
+    nccl_version: str,
 ):
     """
-    Ensure the node's NCCL env file (root, 0600) holds ``variables`` plus this node's RoCE
-    GID index, read from each HCA's GID table now (it differs per node). NCCL takes one
-    ``NCCL_IB_GID_INDEX`` for every HCA it uses: HCAs whose rows differ are refused, both tables shown.
+    Ensure the node's NCCL env file (root, 0600) holds ``variables`` plus this node's HCAs (both
+    twins of the fabric port unless ``rdma_devices`` names them) and RoCE GID index, read from
+    each HCA's own GID table now (it differs per node): one index where the HCAs' IPv4 RoCE v2 rows
+    agree, else none (NCCL takes each HCA's own row; said, with what would make them agree).
 
     + path: the env file (``EnvironmentFile=`` of the lane units)
-    + variables: everything but the GID index, decided by the caller
+    + variables: everything but the per-node values, decided by the caller (``nccl_variables``)
     + overrides: applied last; a ``None`` value removes the variable
-    + rdma_devices, rdma_port: the HCAs NCCL uses (``NCCL_IB_HCA``) and their port
-    + fabric_ip, interface: the RoCE v2 row that carries this IPv4 on this netdev is the one
+    + port: this node's fabric port, its twin and HCAs (``node_port``)
+    + rdma_port: the HCAs' port
+    + fabric_ip: this node's fabric address (the fabric HCA's row carries it)
+    + nccl_version: the pin's version (a per-HCA choice needs NCCL 2.21 or later)
     """
-    tables = {device: gathered(host, RoceGidTable, device=device, port=rdma_port) for device in rdma_devices}
-    indexes = {device: roce_v2_index(rows or [], fabric_ip, interface) for device, rows in tables.items()}
-    missing = [device for device, index in indexes.items() if index is None]
-    if missing:
+    if port.problems:
+        yield from refuse(f"{host.name}: {'; '.join(port.problems)}")
+        return
+    tables = {device: gathered(host, RoceGidTable, device=device, port=rdma_port) for device in port.devices}
+    choice = roce.gid_choice(port, tables, fabric_ip, nccl_version)
+    if choice.problems:
         if preparing():
-            # The fabric address may only be set by an earlier operation of this run.
-            yield StringCommand("echo", f"GID index of {fabric_ip} is read once the address is set")
+            # The fabric and twin addresses may only be set by an earlier operation of this run.
+            yield StringCommand("echo", "GID rows are read once the port's addresses are set")
             return
-        device = missing[0]
-        yield from refuse(
-            f"{host.name}: {device} port {rdma_port} has no RoCE v2 GID for {fabric_ip} "
-            f"on {interface}; the table holds: {_table(tables[device])}"
-        )
+        yield from refuse(f"{host.name}: {'; '.join(choice.problems)}")
         return
-    if len(set(indexes.values())) > 1:
-        yield from refuse(
-            f"{host.name}: the RoCE v2 GID of {fabric_ip} is at different rows on the HCAs NCCL uses "
-            f"(one NCCL_IB_GID_INDEX serves them all): "
-            + " | ".join(f"{device} row {indexes[device]}: {_table(tables[device])}" for device in rdma_devices)
-        )
-        return
-    env = nccl_env(variables, overrides, str(indexes[rdma_devices[0]]))
+    if choice.note and not preparing():
+        logger.warning(f"{host.name}: {choice.note}")
+    env = nccl_env(variables, overrides, port.devices, choice.index)
     yield from file_content._inner(
         path=path, mode="600", content=render("etc/sparkinfra/nccl.env.j2", variables=sorted(env.items())),
     )
 
 
+def fetched_from(record: dict | None, index: str, project: str, version: str) -> bool:
+    """Whether ``record`` (a pin's identity record) says the pin came from this wheel of this index."""
+    source = (record or {}).get("source") or {}
+    return (record or {}).get("version") == version and source.get("index") == index and source.get("project") == project
+
+
 @operation()
-def nccl_pinned(path: str, version: str, upload: str = ""):
+def nccl_fetched(path: str, index: str, project: str, version: str, record: str = NCCL_PIN_RECORD):
     """
-    Ensure the pinned libnccl is on the node and reports the wanted version.
+    Ensure the head holds the pin: ``libnccl.so.2`` from the wheel of ``project`` at ``version``
+    for this node's platform, fetched once from ``index`` (``scripts/nccl_fetch.py``: its sha256
+    checked against the index's), with its identity record (sha256, ELF build-id, source).
+
+    + path: the library (``nccl_library``)
+    + index: the package index, PEP 503 (``https://pypi.org/simple``)
+    + project, version: the wheel (``nvidia-nccl-cu13``, ``2.30.7``)
+    + record: where its identity is recorded
+    """
+    pin = gathered(host, NcclPin, path=path, record=record)
+    if pin["sha256"] and pin["sha256"] == (pin["record"] or {}).get("sha256") and fetched_from(
+            pin["record"], index, project, version):
+        host.noop(f"{path} is {project} {version} from {index} (sha256 {pin['sha256'][:12]})")
+        return
+    for name, dest in ((NCCL_IDENTITY_SCRIPT, NCCL_IDENTITY), ("nccl_fetch.py", NCCL_FETCH)):
+        yield from file_content._inner(path=dest, src=str(scripts.path(name)))
+    yield shown(StringCommand(
+        "python3", NCCL_FETCH, "--index", QuoteString(index), "--project", QuoteString(project),
+        "--version", QuoteString(version), "--machine", '"$(uname -m)"', "--dest", QuoteString(path),
+        "--record", QuoteString(record),
+    ))
+
+
+@operation()
+def nccl_shared(path: str, workers: list, record: str = NCCL_PIN_RECORD):
+    """
+    Ensure every worker holds the head's pin, byte for byte (sha256), with its record: copied by
+    the head over the fabric SSH mesh (``scripts/nccl_share.sh``) to the workers whose copy differs.
+
+    + path: the library (``nccl_library``)
+    + workers: ``(pyinfra host, fabric IP)`` of each worker
+    """
+    mine = gathered(host, NcclPin, path=path, record=record)
+    theirs = gathered_each([w for w, _ in workers], NcclPin, path=path, record=record)
+    behind = [ip for (_, ip), pin in zip(workers, theirs)
+              if not mine["sha256"] or pin["sha256"] != mine["sha256"] or pin["record"] != mine["record"]]
+    if not behind:
+        host.noop(f"every worker holds {path} (sha256 {(mine['sha256'] or '')[:12]})")
+        return
+    yield shown(scripts.command("nccl_share.sh", path, record, *behind))
+
+
+@operation()
+def nccl_pinned(path: str, version: str, upload: str = "", head=None, record: str = NCCL_PIN_RECORD):
+    """
+    Ensure the pinned libnccl is on the node, reports the wanted version and is the same build
+    as the head's (sha256; its identity recorded beside it).
 
     + path: the library on the node (``VLLM_NCCL_SO_PATH``/``LD_PRELOAD`` point at it)
     + version: what ``ncclGetVersion`` must report, ``2.30.7``
-    + upload: a controller file to place at ``path`` first; empty: it must already be there
+    + upload: the site's own build, a controller file placed at ``path`` first (its record made
+      from it); empty: it is there already (fetched, shared, or the site's)
+    + head: the cluster's head (pyinfra host): this node's copy must be its byte for byte
     """
-    uploaded = False
+    changed = False
     if upload:
         for command in file_content._inner(path=path, src=upload, mode="644"):
-            uploaded = True
+            changed = True
             yield command
-    elif not gathered(host, File, path=path):
-        yield from refuse(f"{host.name}: pinned NCCL {path} is missing (set nccl_library_upload?)")
+        identity = upload_identity(upload)
+        for command in file_content._inner(path=record, content=json.dumps(identity, indent=2, sort_keys=True) + "\n"):
+            changed = True
+            yield command
+    pin = gathered(host, NcclPin, path=path, record=record)
+    if not pin["sha256"] and not changed:
+        if preparing() and not upload:
+            return  # fetched by the head or copied from it by earlier operations of this run
+        yield from refuse(f"{host.name}: pinned NCCL {path} is missing (nccl_wheel or nccl_library_upload?)")
         return
     if preparing():
         return
     # After an upload above, read afresh (gathered() is for reads before an operation yields).
-    found = host.get_fact(NcclVersion, path=path) if uploaded else gathered(host, NcclVersion, path=path)
+    found = host.get_fact(NcclVersion, path=path) if changed else gathered(host, NcclVersion, path=path)
     if found != version:
         yield from refuse(f"{host.name}: {path} reports NCCL {found}, settings want {version}")
         return
-    host.noop(f"{path} reports NCCL {found}")
+    if head is not None and head is not host:
+        ours = host.get_fact(NcclPin, path=path, record=record) if changed else pin
+        heads = gathered(head, NcclPin, path=path, record=record)
+        if ours["sha256"] != heads["sha256"]:
+            yield from refuse(f"{host.name}: {path} is NCCL {found} but another build than {head.name}'s "
+                              f"(sha256 {(ours['sha256'] or '-')[:12]} here, {(heads['sha256'] or '-')[:12]} there)")
+            return
+    host.noop(f"{path} reports NCCL {found}, sha256 {(pin['sha256'] or '')[:12]}")
+
+
+def upload_identity(upload: str) -> dict:
+    """The identity record of a site's own build, a controller file (computed once per file state)."""
+    stat = Path(upload).stat()
+    key = (upload, stat.st_size, stat.st_mtime_ns)
+    if key not in _UPLOADED:
+        _UPLOADED[key] = {
+            "version": None, "sha256": nccl_identity.sha256(upload), "build_id": nccl_identity.build_id(upload),
+            "source": {"upload": upload},
+        }
+    return _UPLOADED[key]
+
+
+_UPLOADED: dict = {}

@@ -282,7 +282,9 @@ def check_script(p: dict, purpose: str, options: list[str], *args: str) -> subpr
     c = p["container_check"]
     name = f"{p['container']}-{purpose}"
     sh("docker", "rm", "-f", name)
-    return sh("docker", "run", "--rm", "--name", name, *options, "-v", f"{c['script']}:{c['mount']}:ro",
+    beside = c.get("identity")  # nccl_identity.py, which the check imports from its own folder
+    extra = ["-v", f"{beside['script']}:{beside['mount']}:ro"] if beside else []
+    return sh("docker", "run", "--rm", "--name", name, *options, "-v", f"{c['script']}:{c['mount']}:ro", *extra,
               "--entrypoint", "python3", p["image"], c["mount"], *args, timeout=300)
 
 

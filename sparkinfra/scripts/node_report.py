@@ -6,13 +6,16 @@ the node's python3, sent as ``python3 -c TEXT QUERY``): one JSON object on stdou
 
 QUERY is a JSON object: ``lane`` (its unit, plan, started mark and history paths), ``container``,
 ``image`` (the lane's image reference), ``interface`` (the fabric port), ``nccl_env`` (the NCCL
-env file), ``repos`` (the snapshots' folders) and ``snapshot_tool`` (its text, base64: the
-manifests are read as the stage writes them).
+env file), ``repos`` (the snapshots' folders), ``snapshot_tool`` (its text, base64: the
+manifests are read as the stage writes them), ``pin`` and ``pin_record`` (the pinned NCCL and its
+identity record) and ``identity_script`` (``nccl_identity.py`` on the node: which libnccl the
+container's vLLM processes mapped).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -21,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+INFINIBAND = "/sys/class/infiniband"
 NCCL_LINE = re.compile(r"NCCL (?:INFO )?(?:NCCL version|NET/|Using network|NCCL_IB_GID_INDEX)")
 
 
@@ -83,6 +87,64 @@ def fabric(interface: str) -> dict:
     }
 
 
+def rdma() -> list[dict]:
+    """Every RDMA device port as ibdev2netdev reads it (its PCI function's netdev), with its GID
+    table's populated rows and its netdev's state: what status applies the twin rule to."""
+    root = INFINIBAND
+    found = []
+    for device in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        try:
+            netdev = sorted(os.listdir(f"{root}/{device}/device/net"))[0]
+        except (OSError, IndexError):
+            netdev = ""
+        ports = f"{root}/{device}/ports"
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            rows = []
+            gids = f"{ports}/{port}/gids"
+            for index in sorted((int(i) for i in os.listdir(gids) if i.isdigit()) if os.path.isdir(gids) else []):
+                gid = read(f"{gids}/{index}").strip()
+                kind = read(f"{ports}/{port}/gid_attrs/types/{index}").strip()
+                if kind and gid and set(gid) - {"0", ":"}:
+                    rows.append({"index": index, "gid": gid, "type": kind,
+                                 "ndev": read(f"{ports}/{port}/gid_attrs/ndevs/{index}").strip()})
+            state = read(f"{ports}/{port}/state").strip()
+            found.append({"device": device, "port": int(port), "netdev": netdev,
+                          "state": state.split(":", 1)[-1].strip() or "missing", "gids": rows,
+                          "link": fabric(netdev) if netdev else {"present": False}})
+    return found
+
+
+def pin(query: dict) -> dict:
+    """The pinned NCCL's sha256 and its identity record (None where missing)."""
+    path, digest = query.get("pin", ""), None
+    if path and os.path.isfile(path):
+        hashed = hashlib.sha256()
+        with open(path, "rb") as library:
+            for chunk in iter(lambda: library.read(1 << 20), b""):
+                hashed.update(chunk)
+        digest = hashed.hexdigest()
+    try:
+        record = json.loads(read(query.get("pin_record", ""))) if query.get("pin_record") else None
+    except ValueError:
+        record = None
+    return {"sha256": digest, "record": record}
+
+
+def live(query: dict, box: dict | None) -> dict | None:
+    """Which libnccl each vLLM process of the running container mapped (nccl_identity.py --live)."""
+    script = query.get("identity_script", "")
+    if not box or not box.get("running") or not script or not os.path.isfile(script):
+        return None
+    try:
+        with open(script, "rb") as source:
+            done = subprocess.run(["docker", "exec", "-i", query["container"], "python3", "-", "--live", "--match",
+                                   "vllm", "--pin", query.get("pin", "")], stdin=source, capture_output=True,
+                                  text=True, timeout=60, check=False)
+        return json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)[-200:]}
+
+
 def env_value(path: str, key: str) -> str | None:
     for line in read(path).splitlines():
         if line.startswith(f"{key}="):
@@ -140,6 +202,7 @@ def report(query: dict) -> dict:
         started = {}
     state = unit(lane["unit"]) if lane["unit"] else {"loaded": False}
     image_id = sh("docker", "image", "inspect", "-f", "{{.Id}}", query["image"]) if query.get("image") else ""
+    box = container(query["container"])
     return {
         "unit": state,
         "other_units": sorted(u for u in sh("systemctl", "list-units", "--plain", "--no-legend", "--state=active",
@@ -147,11 +210,15 @@ def report(query: dict) -> dict:
                               and u != lane["unit"]),
         "plan": {"digest": plan.get("digest"), "rank": plan.get("rank")} if plan else None,
         "started": {"digest": started.get("digest"), "at": started.get("at")} if started else None,
-        "container": container(query["container"]),
+        "container": box,
         "image_id": image_id or None,
         "manifests": manifests(query.get("repos", []), query.get("snapshot_tool", "")),
         "fabric": fabric(query["interface"]),
         "gid_index": env_value(query["nccl_env"], "NCCL_IB_GID_INDEX"),
+        "nccl_hcas": env_value(query["nccl_env"], "NCCL_IB_HCA"),
+        "rdma": rdma(),
+        "pin": pin(query),
+        "live_nccl": live(query, box),
         "nccl_lines": nccl_lines(state.get("invocation", "")),
         "history": history(lane["history"]) if lane.get("history") else [],
         "docker": bool(sh("docker", "version", "-f", "{{.Server.Version}}")),

@@ -57,14 +57,14 @@ class Verify:
 
 class Bed:
     def __init__(self) -> None:
-        self.size, self.shape = 0, "spark"
+        self.size, self.shape = 0, simbed.DEFAULT_SHAPE
 
     def ensure(self, nodes: int) -> None:
         """A bed of this size (the seeds' shape), as earlier tests left it."""
-        if self.size != nodes or self.shape != "spark":
+        if self.size != nodes or self.shape != simbed.DEFAULT_SHAPE:
             self.fresh(nodes)
 
-    def fresh(self, nodes: int, shape: str = "spark") -> None:
+    def fresh(self, nodes: int, shape: str = simbed.DEFAULT_SHAPE) -> None:
         """A newly booted bed of this size and shape (``sparkbed.SHAPES``): bare nodes, nothing converged yet."""
         simbed.up(nodes, shape)
         self.size, self.shape = nodes, shape

@@ -1,9 +1,13 @@
 """
-deploys/prepare.py on the simulated pair: converge -> converge again (0 changes) -> verify ->
-fault -> verify sees it -> one converge heals only what broke -> verify.
+deploys/prepare.py on the simulated pair (shape gb10: two twins per port, each its own netdev, RDMA
+device and GID table, the cable on f0): converge -> converge again (0 changes) -> verify -> fault ->
+verify sees it, naming the twin or the build -> one converge heals only what broke -> verify.
 """
 
+import hashlib
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +30,14 @@ def prepared(bed):
 def test_first_converge_prepares_every_node(prepared):
     bed, first = prepared
     for host in HOSTS:
-        for step in ("MTU", "Fabric address", "come back at boot", "NCCL 2.30.7 is pinned", "NCCL environment"):
+        for step in ("Fabric port enp1s0f0np0 is up with MTU 4200", "Fabric twin enP2p1s0f0np0 is up with MTU 4200",
+                     "Fabric address", "Twin address", "enp1s0f0np0 and enP2p1s0f0np0 come back at boot",
+                     "NCCL environment of this node (rocep1s0f0, roceP2p1s0f0)"):
             assert any(step in op for op in first.changed[host]), (host, step, first.changed[host])
+    head = first.changed["spark-1"]  # the pin: fetched once by the head, copied to the worker
+    assert any("The head holds nvidia-nccl-cu13 2.30.7" in op for op in head), head
+    assert any("Every worker holds the head's /opt/nccl/lib/libnccl.so.2" in op for op in head), head
+    assert simbed.nccl_index_downloads() == 1
     assert any("Fabric SSH key" in op for op in first.changed["spark-1"])
     assert any("authorized for spark2" in op for op in first.changed["spark-2"])
     for host in HOSTS:  # the bed's gpu_clock_cap, through its nvidia-smi stand-in
@@ -35,10 +45,22 @@ def test_first_converge_prepares_every_node(prepared):
         assert bed.node(host, "cat /run/sparkbed/gpu-locked-clocks").stdout.strip() == "200,2150"
 
 
-def test_second_converge_changes_nothing(prepared):
+def test_second_converge_changes_nothing_and_fetches_nothing(prepared):
     bed, _ = prepared
     again = bed.converge(INV, DEPLOY)
     assert again.changes == {h: 0 for h in HOSTS}, again.changed
+    assert simbed.nccl_index_downloads() == 1
+
+
+def test_the_pin_is_the_wheels_library_on_every_node(prepared):
+    """The x86_64 wheel of 2.30.7 (the bed's nodes' platform; the index also has an aarch64 one and
+    2.27.3), byte for byte on both nodes, its identity recorded."""
+    bed, _ = prepared
+    digests = {h: bed.node(h, "sha256sum /opt/nccl/lib/libnccl.so.2").stdout.split()[0] for h in sorted(HOSTS)}
+    assert len(set(digests.values())) == 1, digests
+    record = json.loads(bed.node("spark-2", "cat /etc/sparkinfra/nccl-pin.json").stdout)
+    assert record["sha256"] == digests["spark-1"] and record["version"] == "2.30.7" and record["build_id"]
+    assert record["source"]["file"].endswith("manylinux_2_18_x86_64.whl"), record
 
 
 def test_a_no_op_converge_reads_each_fact_once_per_node(prepared):
@@ -55,16 +77,20 @@ def test_verify_passes_and_measures_the_fabric(prepared):
     result = bed.verify(INV, *ONLY_PREPARE, "--fabric-bandwidth", "-s")
     assert result.returncode == 0, result.output[-3000:]
     figure = re.search(r"fabric bandwidth from spark-1: spark-2 ([\d.]+) Gb/s \(rocep1s0f0 [\d.]+, roceP2p1s0f0 [\d.]+\)",
-                       result.output)
+                       result.output)  # both twins, each over its own veth
     assert figure and float(figure[1]) >= 1, result.output[-3000:]
     print(figure[0])
 
 
-def test_gid_index_is_discovered_per_node(prepared):
-    """The stand-in table puts the IPv4 RoCE v2 row at 3 on spark-1 and 5 on spark-2."""
+def test_gid_index_is_discovered_per_node_on_both_twins(prepared):
+    """Each twin's table from its own netdev: the IPv4 RoCE v2 row is 3 on both of spark-1's, 5 on both
+    of spark-2's (a router-advertised IPv6 address took rows 2/3 there); NCCL_IB_HCA names both."""
     bed, _ = prepared
-    found = {h: bed.node(h, f"grep NCCL_IB_GID_INDEX {ENV}").stdout.strip() for h in sorted(HOSTS)}
-    assert found == {"spark-1": "NCCL_IB_GID_INDEX=3", "spark-2": "NCCL_IB_GID_INDEX=5"}
+    found = {h: bed.node(h, f"grep -E 'NCCL_IB_(GID_INDEX|HCA)=' {ENV}").stdout.split() for h in sorted(HOSTS)}
+    assert found == {"spark-1": ["NCCL_IB_GID_INDEX=3", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"],
+                     "spark-2": ["NCCL_IB_GID_INDEX=5", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"]}
+    twin = bed.node("spark-1", "show_gids roceP2p1s0f0 1").stdout
+    assert "169.254.1.1" in twin and "10.213.1.1" not in twin, twin  # the twin's own IPv4, never the fabric's
 
 
 def test_persistent_fabric_survives_a_reboot(prepared):
@@ -77,71 +103,123 @@ def test_persistent_fabric_survives_a_reboot(prepared):
     assert bed.converge(INV, DEPLOY).changes == {h: 0 for h in HOSTS}
 
 
+OTHER_BUILD = "/var/lib/sparkinfra-bed/controller/nccl/2.30.7-other/libnccl.so.2"
+
 FAULTS = {
-    # fault: (host, command run as root in the node, ops the heal must change, a failing check)
-    "address deleted": ("spark-1", "ip addr del 10.213.1.1/24 dev enp1s0f0np0", {"Fabric address"}, "test_fabric_address"),
-    "MTU back to 1500": ("spark-2", "ip link set enp1s0f0np0 mtu 1500", {"MTU"}, "test_fabric_mtu"),
+    # fault: (host, command run as root in the node, ops the heal must change, a failing check,
+    #         what the failure names, the host whose operation heals it)
+    "address deleted": ("spark-1", "ip addr del 10.213.1.1/24 dev enp1s0f0np0", {"Fabric address"},
+                        "test_fabric_address", "", "spark-1"),
+    "MTU back to 1500": ("spark-2", "ip link set enp1s0f0np0 mtu 1500", {"Fabric port"},
+                         "test_fabric_mtu_on_both_twins", "'enp1s0f0np0': 1500", "spark-2"),
+    "twin's MTU back to 1500": ("spark-2", "ip link set enP2p1s0f0np0 mtu 1500", {"Fabric twin"},
+                                "test_fabric_mtu_on_both_twins", "'enP2p1s0f0np0': 1500", "spark-2"),
+    "twin's address moved into the fabric subnet": (
+        "spark-2", "ip addr del 169.254.1.2/16 dev enP2p1s0f0np0; ip addr add 10.213.1.102/24 dev enP2p1s0f0np0",
+        {"Twin address"}, "test_twin_has_its_own_address", "twin enP2p1s0f0np0 lacks 169.254.1.2/16", "spark-2"),
     "env file edited by hand": (
         "spark-2", f"sed -i 's/^NCCL_IB_GID_INDEX=.*/NCCL_IB_GID_INDEX=3/; s/^NCCL_NET=.*/NCCL_NET=Socket/' {ENV}",
-        {"NCCL environment"}, "test_nccl_env_has_this_nodes_gid_index",
+        {"NCCL environment"}, "test_nccl_env_names_both_twins", "", "spark-2",
     ),
     "GID index moved (address re-added after an IPv6 one)": (
         "spark-1",
         "ip addr del 10.213.1.1/24 dev enp1s0f0np0; sleep 0.3; ip addr add fd00:213:1::1/64 dev enp1s0f0np0 nodad;"
         " sleep 0.3; ip addr add 10.213.1.1/24 dev enp1s0f0np0; sleep 0.5",
-        {"NCCL environment"}, "test_nccl_env_has_this_nodes_gid_index",
+        {"NCCL environment"}, "test_nccl_env_names_both_twins",
+        "rocep1s0f0 (enp1s0f0np0): row 3 is fd00:0213:0001:0000:0000:0000:0000:0001", "spark-1",
+    ),
+    "twin's GID row at the index is not IPv4": (
+        "spark-2",
+        "ip addr del 169.254.1.2/16 dev enP2p1s0f0np0; sleep 0.3; ip addr add fd00:213:2::2/64 dev enP2p1s0f0np0 nodad;"
+        " sleep 0.3; ip addr add 169.254.1.2/16 dev enP2p1s0f0np0; sleep 0.5",
+        {"NCCL environment"}, "test_nccl_env_names_both_twins",
+        "roceP2p1s0f0 (enP2p1s0f0np0): row 5 is fd00:0213:0002:0000:0000:0000:0000:0002", "spark-2",
     ),
     "mesh key removed from the worker": (
         "spark-2", "sed -i '/sparkinfra-fabric/d' /home/spark2/.ssh/authorized_keys",
-        {"Head's fabric key is authorized"}, "test_head_reaches_every_worker",
+        {"Head's fabric key is authorized"}, "test_head_reaches_every_worker", "", "spark-2",
     ),
     "wrong NCCL on a node": (
-        "spark-2", None, {"NCCL 2.30.7 is pinned"}, "test_nccl_pin_reports_the_wanted_version",
+        "spark-2", "2.27.3", {"Every worker holds"}, "test_nccl_pin_reports_the_wanted_version",
+        "reports NCCL 2.27.3, settings want 2.30.7", "spark-1",
+    ),
+    "same NCCL version, another build, on a node": (
+        "spark-2", "other", {"Every worker holds"}, "test_the_pin_is_one_build_on_every_node",
+        "/opt/nccl/lib/libnccl.so.2 differs", "spark-1",
     ),
     "stale lane container": (
         "spark-2",
         "d=$(mktemp -d); cp -L --parents /usr/bin/true $(ldd /usr/bin/true | grep -o '/[^ ]*') $d;"
         " tar -C $d -c . | docker import - sparkbed-probe:1 >/dev/null;"
         " docker create --name vllm_node sparkbed-probe:1 /usr/bin/true >/dev/null; rm -rf $d",
-        {"No stale vllm_node"}, "test_no_stale_lane_container",
+        {"No stale vllm_node"}, "test_no_stale_lane_container", "", "spark-2",
     ),
 }
+
+
+def _pin_replaced(host: str, by: str) -> None:
+    """The node's pin replaced: by the bed's stand-in of another version, or by another build of 2.30.7."""
+    nccl = simbed.node_dir(host) / "root/opt/nccl/lib/libnccl.so.2"
+    if by == "other":
+        source = simbed.compile_nccl_standin("2.30.7", Path(OTHER_BUILD), build_tag="other-build")
+    else:
+        source = simbed.nccl_standin(by)
+    nccl.write_bytes(source.read_bytes())
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_is_seen_then_healed_by_one_converge(prepared, fault):
     bed, _ = prepared
-    host, command, touched, check = FAULTS[fault]
-    if command:
+    host, command, touched, check, named, healer = FAULTS[fault]
+    if command in ("2.27.3", "other"):
+        _pin_replaced(host, command)
+    else:
         bed.node(host, command)
-    else:  # the bed's other stand-in NCCL, reporting 2.27.3, in place of the pin
-        nccl = simbed.node_dir(host) / "root/opt/nccl/lib/libnccl.so.2"
-        nccl.write_bytes(simbed.nccl_standin("2.27.3").read_bytes())
 
     broken = bed.verify(INV, *ONLY_PREPARE)
     assert broken.returncode != 0 and any(check in t for t in broken.failed), broken.output[-3000:]
-    if fault == "wrong NCCL on a node":
-        assert "reports NCCL 2.27.3, settings want 2.30.7" in broken.output
+    assert named in broken.output, broken.output[-3000:]
 
     heal = bed.converge(INV, DEPLOY)
-    assert heal.changed_hosts() == {host}, heal.changed
-    changed = heal.changed[host]
+    assert heal.changed_hosts() == {healer}, heal.changed
+    changed = heal.changed[healer]
     assert all(any(word in op for op in changed) for word in touched), changed
     assert len(changed) == len(touched), f"the heal changed more than the fault broke: {changed}"
+    if fault == "twin's GID row at the index is not IPv4":  # the rows differ now: left to NCCL, said
+        assert "the IPv4 RoCE v2 rows differ" in heal.stderr and "NCCL_IB_GID_INDEX is left to NCCL" in heal.stderr
+        assert "NCCL_IB_GID_INDEX" not in bed.node(host, f"cat {ENV}").stdout
+    assert simbed.nccl_index_downloads() == 1  # a worker's pin comes from the head, never the index
 
     healed = bed.verify(INV, *ONLY_PREPARE)
     assert healed.returncode == 0, healed.output[-3000:]
     assert bed.converge(INV, DEPLOY).changes == {h: 0 for h in HOSTS}
 
 
-def test_wrong_nccl_without_an_upload_is_refused_naming_both_versions(prepared):
+def test_wrong_nccl_without_a_wheel_is_refused_naming_both_versions(prepared):
     bed, _ = prepared
-    nccl = simbed.node_dir("spark-2") / "root/opt/nccl/lib/libnccl.so.2"
-    nccl.write_bytes(simbed.nccl_standin("2.27.3").read_bytes())
-    run = bed.converge(INV, DEPLOY, "nccl_library_upload=", check=False)
+    _pin_replaced("spark-2", "2.27.3")
+    run = bed.converge(INV, DEPLOY, "nccl_wheel=", check=False)
     assert run.returncode != 0
     assert "spark-2: /opt/nccl/lib/libnccl.so.2 reports NCCL 2.27.3, settings want 2.30.7" in run.stderr
-    assert bed.converge(INV, DEPLOY).changed_hosts() == {"spark-2"}  # the upload puts the pin back
+    assert bed.converge(INV, DEPLOY).changed_hosts() == {"spark-1"}  # the head copies its pin back
+
+
+def test_a_sites_own_build_is_uploaded_and_identified_the_same_way(prepared):
+    """nccl_library_upload: the site's build (seed 004 built its own) on every node, recorded by its
+    sha256 and build-id; back to the wheel, the head fetches it again and copies it to the worker."""
+    bed, _ = prepared
+    own = simbed.nccl_standin("2.30.7")
+    run = bed.converge(INV, DEPLOY, f"nccl_library_upload={own}")
+    assert run.changed_hosts() == HOSTS, run.changed
+    digest = hashlib.sha256(own.read_bytes()).hexdigest()
+    for host in HOSTS:
+        record = json.loads(bed.node(host, "cat /etc/sparkinfra/nccl-pin.json").stdout)
+        assert record["sha256"] == digest and record["source"] == {"upload": str(own)}, record
+    assert bed.verify(INV, "--data", f"nccl_library_upload={own}", *ONLY_PREPARE).returncode == 0
+    back = bed.converge(INV, DEPLOY)
+    assert back.changed_hosts() == {"spark-1"}, back.changed  # fetched again, shared again
+    assert simbed.nccl_index_downloads() == 2
+    assert bed.verify(INV, *ONLY_PREPARE).returncode == 0
 
 
 def test_reboot_without_persistence_is_healed_by_converge(prepared):

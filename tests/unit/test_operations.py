@@ -4,7 +4,7 @@ Operations against recorded facts, as pyinfra's own operation tests run them: a 
 reads (``{"fact", "args", "value"}``; a fact read that the fixture lacks fails the case) and holds
 the commands it must yield, or, when it yields none, the noop it must report. No host is contacted.
 
-A fixture's ``key_host`` (an argument naming another pyinfra host) is ``{"name", "facts"}``;
+A fixture's ``port`` is a node's ``roce.Port`` as a dict; its ``key_host`` (an argument naming another pyinfra host) is ``{"name", "facts"}``;
 ``stage`` is ``"prepare"`` for pyinfra's change-detection pass (default: ``"execute"``).
 """
 
@@ -22,6 +22,7 @@ from pyinfra.api import OperationError, StringCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
+from sparkinfra import roce
 from sparkinfra.operations import files
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "operations"
@@ -74,6 +75,10 @@ def operation(name: str):
 def run_operation(name: str, kwargs: dict, facts: list[dict], stage: str = "execute", host_class=FakeHost):
     """(commands, noops) of ``sparkinfra.operations.<module>.<operation>`` (``name``) on a fake host holding ``facts``."""
     kwargs = dict(kwargs)
+    if isinstance(kwargs.get("port"), dict):  # a node's fabric port, as roce.port_of reads it
+        port = kwargs["port"]
+        kwargs["port"] = roce.Port(port["interface"], port["twin"], tuple(tuple(h) for h in port["hcas"]),
+                                   tuple(port.get("problems", ())))
     if isinstance(kwargs.get("key_host"), dict):
         kwargs["key_host"] = FakeHost(kwargs["key_host"]["name"], kwargs["key_host"]["facts"], stage)
     host = host_class("node", facts, stage)

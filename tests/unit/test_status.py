@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import http.server
 import importlib.util
 import json
@@ -19,6 +20,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from gb10 import table, v4
 
 from sparkinfra import remote, scripts, status, transfer
 from sparkinfra.run import load_files
@@ -61,6 +63,32 @@ def _repo(sim) -> str:
     return json.loads(status.node_query(sim.cluster, "sim", sim.want.image))["repos"][0]
 
 
+PIN_SHA = "a" * 64
+
+
+def _rows(netdev: str, *gids: str) -> list[dict]:
+    return table(netdev, *gids, link_local="fe80:0000:0000:0000:0000:0000:0000:0001")
+
+
+def gb10_rdma(rank: int, twin_gids: tuple[str, ...] | None = None, twin_mtu: int = 4200) -> list[dict]:
+    """A GB10's four RDMA devices as node_report.py reads them: the cabled port's twins up, each with
+    its own IPv4 at row 3 (the fabric IP; the twin's link-local one), the f1 port down."""
+    def link(up, mtu, *addresses):
+        return {"present": True, "operstate": "up" if up else "down", "carrier": up, "mtu": mtu, "addresses": list(addresses)}
+    ip, twin = f"10.213.1.{rank + 1}", f"169.254.1.{rank + 1}"
+    return [
+        {"device": "roceP2p1s0f0", "port": 1, "netdev": "enP2p1s0f0np0", "state": "ACTIVE",
+         "gids": _rows("enP2p1s0f0np0", *(twin_gids if twin_gids is not None else (v4(twin),))),
+         "link": link(True, twin_mtu, f"{twin}/16")},
+        {"device": "roceP2p1s0f1", "port": 1, "netdev": "enP2p1s0f1np1", "state": "DOWN",
+         "gids": _rows("enP2p1s0f1np1"), "link": link(False, 1500)},
+        {"device": "rocep1s0f0", "port": 1, "netdev": "enp1s0f0np0", "state": "ACTIVE",
+         "gids": _rows("enp1s0f0np0", v4(ip)), "link": link(True, 4200, f"{ip}/24")},
+        {"device": "rocep1s0f1", "port": 1, "netdev": "enp1s0f1np1", "state": "DOWN",
+         "gids": _rows("enp1s0f1np1"), "link": link(False, 1500)},
+    ]
+
+
 def _report(sim, rank: int, **over) -> dict:
     """A node serving the lane, as ``node_report.py``'s ``report()`` says it (``over``: keys replaced)."""
     digest = sim.want.digest
@@ -76,6 +104,12 @@ def _report(sim, rank: int, **over) -> dict:
         "fabric": {"present": True, "operstate": "up", "carrier": True, "mtu": 4200,
                    "addresses": [f"10.213.1.{rank + 1}/24"]},
         "gid_index": "3",
+        "nccl_hcas": "rocep1s0f0,roceP2p1s0f0",
+        "rdma": gb10_rdma(rank),
+        "pin": {"sha256": PIN_SHA, "record": {"sha256": PIN_SHA, "build_id": "b" * 40, "version": "2.30.7"}},
+        "live_nccl": {"pin": {"path": "/opt/nccl/lib/libnccl.so.2", "sha256": PIN_SHA, "build_id": "b" * 40},
+                      "processes": [{"pid": 7, "cmd": "python3 -m vllm.entrypoints.openai.api_server",
+                                     "path": "/opt/nccl/lib/libnccl.so.2", "sha256": PIN_SHA, "build_id": "b" * 40}]},
         "nccl_lines": ["NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE", NCCL_LINE],
         "history": copy.deepcopy(HISTORY) if rank == 0 else [],
         "docker": True,
@@ -94,7 +128,7 @@ def _torn_down(sim, rank: int) -> dict:
 def _views(sim, head: dict, worker: dict, want=None, cluster=None) -> list[dict]:
     cluster = cluster or sim.cluster
     reports = {cluster.head.name: head, cluster.nodes[1].name: worker}
-    return [status.node_view(node, reports[node.name], head, want or sim.want) for node in cluster.nodes]
+    return [status.node_view(node, reports[node.name], head, want or sim.want, cluster.fabric) for node in cluster.nodes]
 
 
 def _problems(sim, head=None, worker=None, api=API_OK) -> list[str]:
@@ -264,11 +298,48 @@ def test_a_node_view(sim):
         "image_id": IMAGE_ID, "image_matches_head": True,
         "snapshots_match_head": {"models--sparkbed--tiny-llama": True},
         "fabric": head["fabric"], "gid_index": "3", "nccl_version": "2.30.7", "other_lanes": [],
+        "twins": [{"device": "rocep1s0f0", "netdev": "enp1s0f0np0", "row": "3", "mtu": 4200, "operstate": "up",
+                   "addresses": ["10.213.1.1/24"]},
+                  {"device": "roceP2p1s0f0", "netdev": "enP2p1s0f0np0", "row": "3", "mtu": 4200, "operstate": "up",
+                   "addresses": ["169.254.1.1/16"]}],
+        "twin_problems": [], "pin": head["pin"], "live_nccl": head["live_nccl"],
     }
     assert worker_view["image_matches_head"] is False and worker_view["image_id"] is None
     assert worker_view["snapshots_match_head"] == {"models--sparkbed--tiny-llama": False}
     torn = status.node_view(sim.cluster.head, _torn_down(sim, 0), head, sim.want)
     assert torn["unit"] == "inactive/dead" and torn["container"] is None and torn["started"] is None
+
+
+def test_the_twins_are_checked_by_the_rule_prepare_uses(sim):
+    """A twin left at MTU 1500, a twin holding a fabric address, a twin whose row at the env's index
+    is not IPv4: each named, with the twin."""
+    head = _report(sim, 0)
+    rdma = gb10_rdma(1, twin_mtu=1500)
+    assert "spark-2 (rank 1): enP2p1s0f0np0 (roceP2p1s0f0) is up, MTU 1500 (the settings: up, MTU 4200)" in \
+        _problems(sim, head, _report(sim, 1, rdma=rdma))
+    rdma = gb10_rdma(1)
+    rdma[0]["link"]["addresses"].append("10.213.1.102/24")
+    assert ("spark-2 (rank 1): twin enP2p1s0f0np0 holds 10.213.1.102/24 of the fabric subnet 10.213.1.0/24"
+            in _problems(sim, head, _report(sim, 1, rdma=rdma)))
+    ra = "fd00:0213:0001:0000:0000:0000:0000:0002"
+    moved = _report(sim, 1, rdma=gb10_rdma(1, twin_gids=(ra, v4("169.254.1.2"))))
+    assert (f"spark-2 (rank 1): roceP2p1s0f0 (enP2p1s0f0np0): row 3 is {ra} (RoCE v2), not an IPv4 RoCE v2 GID"
+            in _problems(sim, head, moved))
+    moved["gid_index"] = None  # where the twins' rows differ prepare leaves the index to NCCL: then right
+    assert _problems(sim, head, moved) == []
+
+
+def test_a_pin_of_another_build_and_a_rank_that_mapped_another_nccl_are_named(sim):
+    head = _report(sim, 0)
+    other = {"sha256": "c" * 64, "record": {"sha256": "c" * 64}}
+    assert ("spark-2 (rank 1): /opt/nccl/lib/libnccl.so.2 is another build than the head's "
+            f"(sha256 {'c' * 12}, the head's {'a' * 12})") in _problems(sim, head, _report(sim, 1, pin=other))
+    live = copy.deepcopy(head["live_nccl"])
+    live["processes"][0].update(path="/usr/lib/x86_64-linux-gnu/libnccl.so.2", sha256="d" * 64, build_id="e" * 40)
+    found = _problems(sim, head, _report(sim, 1, live_nccl=live))
+    assert ("spark-2 (rank 1): pid 7 (python3 -m vllm.entrypoints.openai.api_server) mapped "
+            f"/usr/lib/x86_64-linux-gnu/libnccl.so.2, build-id {'e' * 12} sha256 {'d' * 12}, not the pin "
+            f"(build-id {'b' * 12} sha256 {'a' * 12})") in found
 
 
 def test_no_image_anywhere_is_no_match(sim):
@@ -313,7 +384,8 @@ def test_text_of_a_serving_cluster(sim, monkeypatch, utc):
     assert lines[2].split() == ["node", "rank", "unit", "container", "up", "since", "image", "snapshots", "fabric",
                                 "GID", "NCCL"]
     assert _row(shown, "spark-1").split() == ["spark-1", "0", "active/running", "2026-12-06", "10:00:01",
-                                              "a" * 12, "match", "up", "4200", "10.213.1.1/24", "3", "2.30.7"]
+                                              "a" * 12, "match", "up", "4200", "10.213.1.1/24", "rocep1s0f0:3",
+                                              "roceP2p1s0f0:3", "2.30.7", "pin", "a" * 12]
     assert _row(shown, "spark-2").split()[:7] == ["spark-2", "1", "active/running", "2026-12-06", "10:00:01",
                                                   "a" * 12, "match"]
     assert lines[-4:] == [
@@ -583,19 +655,39 @@ def test_fabric_of_a_missing_interface(node_report):
     assert node_report.ran == []
 
 
-def _fake_node(node_report, monkeypatch, tmp_path, interface="enp1s0f0np0"):
-    """The node's tools (systemctl, docker, journalctl, ip) and its fabric port's sysfs files, faked."""
-    sysfs = tmp_path / "sys" / interface
-    sysfs.mkdir(parents=True)
-    (sysfs / "operstate").write_text("up\n")
-    (sysfs / "carrier").write_text("1\n")
-    (sysfs / "mtu").write_text("4200\n")
+def _fake_node(node_report, monkeypatch, tmp_path, interface="enp1s0f0np0", twin="enP2p1s0f0np0"):
+    """The node's tools (systemctl, docker, journalctl, ip), its fabric port's twins' sysfs files and
+    their RDMA devices' (a GB10's cabled port: each twin's GID table from its own netdev), faked."""
+    bases = {}
+    for netdev, mtu in ((interface, "4200"), (twin, "4200")):
+        sysfs = tmp_path / "sys" / netdev
+        sysfs.mkdir(parents=True)
+        (sysfs / "operstate").write_text("up\n")
+        (sysfs / "carrier").write_text("1\n")
+        (sysfs / "mtu").write_text(f"{mtu}\n")
+        bases[f"/sys/class/net/{netdev}"] = sysfs
+    infiniband = tmp_path / "infiniband"
+    for device, netdev, rows in (("rocep1s0f0", interface, _rows(interface, v4("10.213.1.1"))),
+                                 ("roceP2p1s0f0", twin, _rows(twin, v4("169.254.1.1")))):
+        (infiniband / device / "device" / "net" / netdev).mkdir(parents=True)
+        port = infiniband / device / "ports" / "1"
+        for part in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (port / part).mkdir(parents=True)
+        (port / "state").write_text("4: ACTIVE\n")
+        for row in rows:
+            (port / "gids" / str(row["index"])).write_text(row["gid"] + "\n")
+            (port / "gid_attrs" / "types" / str(row["index"])).write_text(row["type"] + "\n")
+            (port / "gid_attrs" / "ndevs" / str(row["index"])).write_text(row["ndev"] + "\n")
+    monkeypatch.setattr(node_report, "INFINIBAND", str(infiniband))
     real_isdir, real_read = os.path.isdir, node_report.read
-    base = f"/sys/class/net/{interface}"
+
+    def base_of(path):
+        return next((b for b in bases if path == b or path.startswith(b + "/")), None)
+
     monkeypatch.setattr(node_report, "os", SimpleNamespace(
-        path=SimpleNamespace(isdir=lambda p: True if p == base else real_isdir(p))))
-    monkeypatch.setattr(node_report, "read", lambda p: real_read(str(sysfs / p[len(base) + 1:]))
-                        if p.startswith(base + "/") else real_read(p))
+        listdir=os.listdir, path=SimpleNamespace(isdir=lambda p: True if p in bases else real_isdir(p), isfile=os.path.isfile)))
+    monkeypatch.setattr(node_report, "read", lambda p: real_read(str(bases[base_of(p)] / p[len(base_of(p)) + 1:]))
+                        if base_of(p) and p != base_of(p) else real_read(p))
     answers = {
         ("systemctl", "show"): "LoadState=loaded\nActiveState=active\nSubState=running\nUnitFileState=enabled\n"
                                f"ActiveEnterTimestampMonotonic={int(time.monotonic() * 1e6) - 60_000_000}\n"
@@ -611,6 +703,8 @@ def _fake_node(node_report, monkeypatch, tmp_path, interface="enp1s0f0np0"):
 
     def sh(*args, timeout=20):
         node_report.ran.append(args)
+        if args[:2] == ("ip", "-4") and args[-1] == twin:
+            return f"6: {twin}    inet 169.254.1.1/16 brd 169.254.255.255 scope link {twin}"
         return answers.get(args[:2], "")
 
     monkeypatch.setattr(node_report, "sh", sh)
@@ -632,7 +726,11 @@ def test_a_report_from_status_query_reads_as_serving(node_report, monkeypatch, t
     (tmp_path / "sim.started").write_text(json.dumps({"digest": sim.want.digest, "at": AT}))
     (tmp_path / "sim.history").write_text("".join(json.dumps(e) + "\n" for e in HISTORY))
     query["nccl_env"] = str(tmp_path / "nccl.env")
-    (tmp_path / "nccl.env").write_text("NCCL_IB_GID_INDEX=3\n")
+    (tmp_path / "nccl.env").write_text("NCCL_IB_GID_INDEX=3\nNCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0\n")
+    pin = tmp_path / "libnccl.so.2"
+    pin.write_bytes(b"the pin")
+    query.update(pin=str(pin), pin_record=str(tmp_path / "nccl-pin.json"), identity_script=str(tmp_path / "absent.py"))
+    (tmp_path / "nccl-pin.json").write_text(json.dumps({"sha256": hashlib.sha256(b"the pin").hexdigest()}))
     repo = _snapshot(tmp_path, query["repos"][0].rsplit("/", 1)[-1])
     query["repos"] = [str(repo)]
     digest = _write_manifest(repo)["digest"]
@@ -647,7 +745,12 @@ def test_a_report_from_status_query_reads_as_serving(node_report, monkeypatch, t
     assert found["nccl_lines"] == [NCCL_LINE] and found["history"] == HISTORY and found["docker"] is True
     assert ("docker", "image", "inspect", "-f", "{{.Id}}", sim.want.image) in node_report.ran
 
-    view = status.node_view(sim.cluster.head, found, found, sim.want)
+    view = status.node_view(sim.cluster.head, found, found, sim.want, sim.cluster.fabric)
+    assert view["twins"] == [
+        {"device": "rocep1s0f0", "netdev": "enp1s0f0np0", "row": "3", "mtu": 4200, "operstate": "up",
+         "addresses": ["10.213.1.1/24"]},
+        {"device": "roceP2p1s0f0", "netdev": "enP2p1s0f0np0", "row": "3", "mtu": 4200, "operstate": "up",
+         "addresses": ["169.254.1.1/16"]}]
     assert view["nccl_version"] == "2.30.7" and view["image_matches_head"]
     assert view["snapshots_match_head"] == {repo.name: True}
     assert status.problems(sim.cluster, sim.want, [view], API_OK) == [

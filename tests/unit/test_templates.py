@@ -31,7 +31,10 @@ NCCL_ENV = TEMPLATES / "sparkinfra" / "nccl.env.j2"
 FABRIC_UNIT = TEMPLATES / "systemd" / "system" / "sparkinfra-fabric.service.j2"
 NETPLAN = TEMPLATES / "netplan" / "60-sparkinfra-fabric.yaml.j2"
 
-FABRIC = {"interface": "enp1s0f0np0", "address": "192.168.192.1/24", "mtu": 4200}
+# Both twins of a GB10's cabled port: the fabric address on one, a link-local one on the other.
+FABRIC = {"links": [{"interface": "enp1s0f0np0", "address": "192.168.192.1/24"},
+                    {"interface": "enP2p1s0f0np0", "address": "169.254.192.1/16"}], "mtu": 4200}
+ONE = {"links": [{"interface": "enp1s0f1np1", "address": "10.213.1.2/24"}], "mtu": 9000}
 
 
 def render(template: Path, **data) -> str:
@@ -58,6 +61,7 @@ def cluster(tmp_path_factory):
 def env_file_variables(cluster, gid_index: int = 3) -> list[tuple[str, str]]:
     """What ``operations.nccl_environment`` passes the template (no overrides)."""
     env = dict(nccl_variables(cluster))
+    env["NCCL_IB_HCA"] = "rocep1s0f0,roceP2p1s0f0"  # read on the node: both twins of the fabric port
     env["NCCL_IB_GID_INDEX"] = str(gid_index)
     return sorted(env.items())
 
@@ -111,12 +115,15 @@ def test_fabric_unit_golden():
     golden("sparkinfra-fabric.service", render(FABRIC_UNIT, **FABRIC))
 
 
-def test_fabric_unit_sets_mtu_address_and_up():
+def test_fabric_unit_sets_mtu_address_and_up_on_both_twins():
     text = render(FABRIC_UNIT, **FABRIC)
     assert [line for line in text.splitlines() if line.startswith("ExecStart=")] == [
         "ExecStart=/sbin/ip link set dev enp1s0f0np0 mtu 4200",
         "ExecStart=/sbin/ip addr replace 192.168.192.1/24 dev enp1s0f0np0",
         "ExecStart=/sbin/ip link set dev enp1s0f0np0 up",
+        "ExecStart=/sbin/ip link set dev enP2p1s0f0np0 mtu 4200",
+        "ExecStart=/sbin/ip addr replace 169.254.192.1/16 dev enP2p1s0f0np0",
+        "ExecStart=/sbin/ip link set dev enP2p1s0f0np0 up",
     ]
     sections = re.findall(r"^\[(\w+)\]$", text, flags=re.M)
     assert sections == ["Unit", "Service", "Install"]
@@ -126,7 +133,7 @@ def test_fabric_unit_sets_mtu_address_and_up():
 
 
 def test_fabric_unit_other_values():
-    text = render(FABRIC_UNIT, interface="enp1s0f1np1", address="10.213.1.2/24", mtu=9000)
+    text = render(FABRIC_UNIT, **ONE)
     assert "Description=sparkinfra fabric port enp1s0f1np1 (10.213.1.2/24, MTU 9000)" in text
     assert "ExecStart=/sbin/ip addr replace 10.213.1.2/24 dev enp1s0f1np1" in text
     assert "enp1s0f0np0" not in text
@@ -135,9 +142,10 @@ def test_fabric_unit_other_values():
 def test_fabric_unit_waits_for_its_device():
     """Without udev device units (containers) too: an ExecStartPre waits for the netdev first."""
     lines = render(FABRIC_UNIT, **FABRIC).splitlines()
-    wait = next(i for i, line in enumerate(lines) if line.startswith("ExecStartPre="))
-    assert "/sys/class/net/enp1s0f0np0" in lines[wait] and "exit 1" in lines[wait]
-    assert wait < min(i for i, line in enumerate(lines) if line.startswith("ExecStart="))
+    waits = [i for i, line in enumerate(lines) if line.startswith("ExecStartPre=")]
+    for wait, netdev in zip(waits, ("enp1s0f0np0", "enP2p1s0f0np0"), strict=True):
+        assert f"/sys/class/net/{netdev}" in lines[wait] and "exit 1" in lines[wait]
+    assert max(waits) < min(i for i, line in enumerate(lines) if line.startswith("ExecStart="))
 
 
 def test_netplan_golden():
@@ -155,14 +163,20 @@ def test_netplan_is_valid_yaml_with_the_fabric():
                     "addresses": ["192.168.192.1/24"],
                     "mtu": 4200,
                     "optional": True,
-                }
+                },
+                "enP2p1s0f0np0": {
+                    "dhcp4": False,
+                    "addresses": ["169.254.192.1/16"],
+                    "mtu": 4200,
+                    "optional": True,
+                },
             },
         }
     }
 
 
 def test_netplan_other_values():
-    doc = yaml.safe_load(render(NETPLAN, interface="enp1s0f1np1", address="10.213.1.2/24", mtu=9000))
+    doc = yaml.safe_load(render(NETPLAN, **ONE))
     assert doc["network"]["ethernets"] == {
         "enp1s0f1np1": {"dhcp4": False, "addresses": ["10.213.1.2/24"], "mtu": 9000, "optional": True}
     }
@@ -171,14 +185,14 @@ def test_netplan_other_values():
 # nccl_variables
 # --------------
 
-ADDED = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "VLLM_NCCL_SO_PATH", "LD_PRELOAD")
+ADDED = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "VLLM_NCCL_SO_PATH", "LD_PRELOAD")
 
 
 def test_nccl_variables_defaults(cluster):
     env = nccl_variables(cluster)
     for key, value in DEFAULT_NCCL_ENV.items():
         assert env[key] == value, key
-    assert env["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+    assert "NCCL_IB_HCA" not in env  # the twins of the fabric port, read per node when the file is written
     for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES"):
         assert env[key] == "enp1s0f0np0"
     assert env["VLLM_NCCL_SO_PATH"] == env["LD_PRELOAD"] == "/opt/nccl/lib/libnccl.so.2"
@@ -194,7 +208,7 @@ def test_nccl_variables_follow_the_fabric_and_pin(tmp_path):
         "nccl_library": "/usr/local/nccl-2.30.7/lib/libnccl.so.2",
     })
     env = nccl_variables(cluster)
-    assert env["NCCL_IB_HCA"] == "rocep1s0f1"
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1"  # named by the site: every node uses these
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["UCX_NET_DEVICES"] == "enp1s0f1np1"
     assert env["VLLM_NCCL_SO_PATH"] == env["LD_PRELOAD"] == "/usr/local/nccl-2.30.7/lib/libnccl.so.2"
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import pytest
 import testinfra
 
+from sparkinfra import roce
+from sparkinfra.facts.fabric import RdmaNetdevs, RoceGidTable
 from sparkinfra.operations.nccl import NCCL_ENV_FILE
 from sparkinfra.run import load_files
 from sparkinfra.settings import Cluster, Node
@@ -58,6 +60,14 @@ class Target:
         command = fact_cls().command(**kwargs)
         raw = command.get_raw_value() if hasattr(command, "get_raw_value") else command
         return fact_cls().process(self.root(raw).stdout.splitlines())
+
+    def port(self) -> roce.Port:
+        """This node's fabric port as prepare reads it: its twin and HCAs (ibdev2netdev's sysfs)."""
+        return roce.port_of(self.cluster.fabric, self.fact(RdmaNetdevs))
+
+    def gid_tables(self, port: roce.Port) -> dict[str, list[dict] | None]:
+        """Each HCA's GID table, read now."""
+        return {d: self.fact(RoceGidTable, device=d, port=self.cluster.fabric.rdma_port) for d in port.devices}
 
     def nccl_env(self) -> dict[str, str]:
         """The node's NCCL env file (``/etc/sparkinfra/nccl.env``) as variables."""

@@ -7,6 +7,7 @@ import pytest
 
 from sparkinfra import lanes, nccl_log, serving
 from sparkinfra.facts.lane import LaneStatus, LaneUnits
+from sparkinfra.operations.nccl import NCCL_IDENTITY
 
 
 def _lane(target):
@@ -55,8 +56,8 @@ def test_container_has_the_nodes_env_and_pin(node):
     assert info["State"]["Running"], f"{node}: {config.container_name} is not running"
     env = dict(item.split("=", 1) for item in info["Config"]["Env"])
     nccl = node.nccl_env()
-    for key in ("NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "VLLM_NCCL_SO_PATH", "LD_PRELOAD"):
-        assert env.get(key) == nccl[key], f"{node}: {key}={env.get(key)!r} in the container, {nccl[key]!r} in nccl.env"
+    for key in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "VLLM_NCCL_SO_PATH", "LD_PRELOAD"):
+        assert env.get(key) == nccl.get(key), f"{node}: {key}={env.get(key)!r} in the container, {nccl.get(key)!r} in nccl.env"
     assert env["LD_PRELOAD"] == config.nccl_library
     assert env["VLLM_HOST_IP"] == str(node.node.fabric_ip)
     mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
@@ -77,6 +78,18 @@ def test_the_pin_is_mounted_over_every_nccl_copy(node):
     mounts = {m["Destination"]: m for m in _inspect(node, config.container_name)["Mounts"]}
     bare = [c for c in copies if mounts.get(c, {}).get("Source") != config.nccl_library or mounts[c]["RW"]]
     assert not bare, f"{node}: the pin {config.nccl_library} is not mounted read-only over {bare}"
+
+
+def test_every_ranks_live_vllm_processes_mapped_the_pin(node):
+    """Identity, not version: each vLLM process running in the rank's container mapped the pinned
+    build (its /proc/PID/maps, the mapped file's sha256), not the image's own copy of the same or
+    another version (a rank started without the pin's mount maps the image's)."""
+    _lane(node)
+    config = node.cluster.config
+    out = node.root(nccl_log.live_command(config.container_name, config.nccl_library, NCCL_IDENTITY))
+    assert out.stdout.strip().startswith("{"), f"{node}: rank {node.node.rank}: {out.stdout}{out.stderr}"
+    found = nccl_log.live_problems(json.loads(out.stdout))
+    assert not found, f"{node}: rank {node.node.rank}: {'; '.join(found)}"
 
 
 def test_compile_caches_are_kept_per_lane_and_image(node):
@@ -159,6 +172,6 @@ def test_every_ranks_nccl_started_on_the_pin_and_the_fabric(node):
     log = node.root(f"docker logs {config.container_name} 2>&1").stdout
     found = nccl_log.problems(
         nccl_log.parse(log), pin=config.nccl_version if node.node.rank == 0 else None, rdma=lane.container.rdma,
-        hcas=list(fabric.rdma_devices), port=fabric.rdma_port, gid_index=node.nccl_env().get("NCCL_IB_GID_INDEX", ""),
+        hcas=node.port().devices, port=fabric.rdma_port, gid_index=node.nccl_env().get("NCCL_IB_GID_INDEX", ""),
     )
     assert not found, f"{node}: rank {node.node.rank}: {'; '.join(found)}"

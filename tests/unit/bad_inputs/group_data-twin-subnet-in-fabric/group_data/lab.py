@@ -1,3 +1,3 @@
 cluster = "lab"
 fabric_subnet = "10.0.0.0/24"
-rdma_devices = []
+fabric_twin_subnet = "10.0.0.128/25"
