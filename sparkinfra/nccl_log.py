@@ -84,22 +84,23 @@ def problems(start: NcclStart, *, pin: str | None, rdma: bool, hcas: list[str], 
 # ------------------------------------------------------------------------------------------------
 
 
-def live_command(container: str, pin: str, script: str) -> str:
+def live_command(container: str, script: str) -> str:
     """The shell command, run as root on a node, that reads which ``libnccl`` each vLLM process of
-    ``container`` mapped (its ``/proc/PID/maps``, in the container's PID namespace) with the identity
-    of the file mapped, and the pin's (``script``: ``nccl_identity.py`` on the node, fed on stdin)."""
-    return f"docker exec -i {shlex.quote(container)} python3 - --live --match vllm --pin {shlex.quote(pin)} < {shlex.quote(script)}"
+    ``container`` mapped (its ``/proc/PID/maps``, in the container's PID namespace), with the identity
+    of the file each mapped (``script``: ``nccl_identity.py`` on the node, fed on stdin)."""
+    return f"docker exec -i {shlex.quote(container)} python3 - --live --match vllm < {shlex.quote(script)}"
 
 
-def live_problems(report: dict) -> list[str]:
+def live_problems(report: dict, pin: dict) -> list[str]:
     """
-    What is wrong in ``nccl_identity.py --live``'s report: a vLLM process that mapped a libnccl
-    that is not the pin (by sha256: the same version of another build is named as such), or no
-    vLLM process that mapped one at all (a wrapper shell maps none, and is no problem by itself).
+    What is wrong in ``nccl_identity.py --live``'s ``report`` against the node's ``pin`` (its path,
+    sha256 and build-id, read on the node: a rank started without the pin's mount has none of its
+    own): a vLLM process that mapped a libnccl that is not the pin's bytes (the same version of
+    another build is named as such by its build-id), or no vLLM process that mapped one at all (a
+    wrapper shell maps none, and is no problem by itself).
     """
-    pin = report.get("pin") or {}
     if not pin.get("sha256"):
-        return [f"the pin {pin.get('path', '?')} cannot be read in the container ({pin.get('error', 'no identity')})"]
+        return [f"the node has no pin at {pin.get('path', '?')} to compare with"]
     processes = report.get("processes") or []
     mapped = [p for p in processes if p.get("path")]
     found = []
@@ -107,7 +108,8 @@ def live_problems(report: dict) -> list[str]:
         if process.get("sha256") != pin["sha256"]:
             found.append(f"pid {process.get('pid')} ({process.get('cmd', '')[:60]}) mapped {process['path']}, "
                          f"build-id {str(process.get('build_id'))[:12]} sha256 {str(process.get('sha256'))[:12]}, "
-                         f"not the pin (build-id {str(pin.get('build_id'))[:12]} sha256 {pin['sha256'][:12]})")
+                         f"not the pin {pin.get('path', '')} (build-id {str(pin.get('build_id'))[:12]} "
+                         f"sha256 {pin['sha256'][:12]})")
     if not mapped:
         found.append(f"no vLLM process has mapped a libnccl ({len(processes)} vLLM processes)")
     return found

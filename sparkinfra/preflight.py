@@ -17,7 +17,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
-from . import lanes, scripts
+from . import lanes, roce, scripts
 from .lanes.render import RDMA_DEVICES
 from .facts.reading import at_once, gathered
 from .settings import Cluster, Settings
@@ -38,6 +38,7 @@ class PreflightProbe(FactBase):
         {"gpu": "NVIDIA GB10", "docker": "28.3.3", "free": "81604378624", "used": "0",
          "rdma": "rdma_cm uverbs0 uverbs1",
          "link": "3: enp1s0f0np0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 4200 …",
+         "hcas": ["rocep1s0f0 enp1s0f0np0 <BROADCAST,MULTICAST,UP,LOWER_UP>", ...],
          "ports": ["8000 pid=12 comm=vllm container=vllm_node"]}
     """
 
@@ -47,11 +48,13 @@ class PreflightProbe(FactBase):
 
     @override
     def process(self, output):
-        probe: dict = {"ports": []}
+        probe: dict = {"ports": [], "hcas": []}
         for line in output:
             key, _, value = line.partition("=")
             if key == "port":
                 probe["ports"].append(value)
+            elif key == "hca":
+                probe["hcas"].append(value)
             else:
                 probe[key] = value.strip()
         return probe
@@ -170,6 +173,7 @@ def evaluate(
     else:
         checks.append(Check(host_name, "fabric", True, f"{cluster.fabric.interface} up, carrier"))
 
+    checks.append(twins_check(cluster, host_name, probe))
     if lane is not None:
         checks.append(rdma_check(host_name, probe, lane))
 
@@ -195,6 +199,29 @@ def docker_check(host_name: str, probe: dict) -> Check:
     if not docker or docker.startswith("!"):
         return Check(host_name, "docker", False, f"dockerd does not answer: {docker[1:] or 'no version reported'}")
     return Check(host_name, "docker", True, f"dockerd {docker} answers")
+
+
+def twins_check(cluster: Cluster, host_name: str, probe: dict) -> Check:
+    """The fabric port's RDMA devices, as prepare will read them (``roce.port_of``): the fabric
+    interface's and its twin's (a GB10's port is two PCIe functions; one alone carries half its 200G).
+    A twin whose link is up without a carrier while the fabric interface has one is refused."""
+    hcas = [line.split(" ", 2) for line in probe.get("hcas", [])]
+    links = [{"device": h[0], "port": cluster.fabric.rdma_port, "netdev": h[1] if h[1] != "-" else "", "state": ""}
+             for h in hcas if len(h) >= 2]
+    flags = {h[1]: h[2].strip("<>").split(",") if len(h) > 2 else [] for h in hcas if len(h) >= 2}
+    port = roce.port_of(cluster.fabric, links)
+    if port.problems:
+        return Check(host_name, "twins", False, "; ".join(port.problems))
+    said = " and ".join(f"{netdev} ({device})" for device, netdev in port.hcas)
+    if not port.twin:
+        why = "fabric_twin_interface = none" if cluster.fabric.twin == "none" else \
+            f"no netdev named as {cluster.fabric.interface} in another PCI domain"
+        return Check(host_name, "twins", True, f"{said} alone ({why}): one HCA, half a GB10 port's bandwidth")
+    mine, twin = flags.get(cluster.fabric.interface, []), flags.get(port.twin, [])
+    if "LOWER_UP" in mine and "UP" in twin and "LOWER_UP" not in twin:
+        return Check(host_name, "twins", False, f"{said}: the twin {port.twin} is up without a carrier while "
+                                                f"{cluster.fabric.interface} has one (its PCIe function or firmware)")
+    return Check(host_name, "twins", True, said)
 
 
 def rdma_check(host_name: str, probe: dict, lane: lanes.Lane) -> Check:

@@ -220,7 +220,9 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
         if live and "error" in live:
             found.append(f"{where}: which libnccl its vLLM mapped could not be read ({live['error']})")
         elif live:
-            found += [f"{where}: {problem}" for problem in nccl_log.live_problems(live)]
+            record = node["pin"].get("record") or {}
+            found += [f"{where}: {problem}" for problem in nccl_log.live_problems(live, {
+                "path": cluster.config.nccl_library, "sha256": mine, "build_id": record.get("build_id")})]
         fab = node["fabric"]
         if not fab.get("present"):
             found.append(f"{where}: no fabric port {cluster.fabric.interface}")

@@ -138,8 +138,7 @@ def live(query: dict, box: dict | None) -> dict | None:
     try:
         with open(script, "rb") as source:
             done = subprocess.run(["docker", "exec", "-i", query["container"], "python3", "-", "--live", "--match",
-                                   "vllm", "--pin", query.get("pin", "")], stdin=source, capture_output=True,
-                                  text=True, timeout=60, check=False)
+                                   "vllm"], stdin=source, capture_output=True, text=True, timeout=60, check=False)
         return json.loads(done.stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
         return {"error": str(exc)[-200:]}

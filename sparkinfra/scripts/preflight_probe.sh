@@ -5,7 +5,9 @@
 #   (docker=!missing without docker, docker=!ERROR: the first line of docker's error when the
 #   daemon does not answer), free=BYTES under MODEL_DIR (or its nearest existing parent),
 #   used=BYTES staged there, link=the `ip -o link` line of INTERFACE,
-#   rdma=the device nodes in /dev/infiniband (what a lane's container is given), and one
+#   rdma=the device nodes in /dev/infiniband (what a lane's container is given), one
+#   hca=DEVICE NETDEV <FLAGS> line per RDMA device (its PCI function's netdev, as ibdev2netdev
+#   reads it, and that netdev's link flags: a GB10's port is two twins), and one
 #   port=PORT pid= comm= container= line per listener on each PORT.
 dir=$1 iface=$2
 shift 2
@@ -36,6 +38,12 @@ echo "link=$(ip -o link show dev "$iface" 2>/dev/null | head -n 1)"
 devices=
 for d in /dev/infiniband/*; do [ -e "$d" ] && devices="$devices ${d##*/}"; done
 echo "rdma=${devices# }"
+for d in /sys/class/infiniband/*; do
+  [ -d "$d" ] || continue
+  n=
+  for x in "$d"/device/net/*; do [ -e "$x" ] && n=${x##*/} && break; done
+  echo "hca=${d##*/} ${n:--} $(ip -o link show dev "${n:-none}" 2>/dev/null | grep -o '<[^>]*>' | head -n 1)"
+done
 for port in "$@"; do
   ss -Hltnp "( sport = :$port )" | while read -r l; do
     pid=$(echo "$l" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)

@@ -49,10 +49,19 @@ def probe_lines(
     used: int | str = 0,
     link: str = LINK_UP,
     ports: tuple[str, ...] = (),
+    hcas: tuple[str, ...] = None,
 ) -> list[str]:
-    """What ``PreflightProbe.command`` prints on a node."""
+    """What ``PreflightProbe.command`` prints on a node (by default a GB10's four HCAs, the cable on f0)."""
     return [f"gpu={gpu}", f"docker={docker}", f"free={free}", f"used={used}", f"link={link}",
-            *(f"port={p}" for p in ports)]
+            *(f"hca={h}" for h in (GB10_HCAS if hcas is None else hcas)), *(f"port={p}" for p in ports)]
+
+
+GB10_HCAS = (
+    "roceP2p1s0f0 enP2p1s0f0np0 <BROADCAST,MULTICAST,UP,LOWER_UP>",
+    "roceP2p1s0f1 enP2p1s0f1np1 <NO-CARRIER,BROADCAST,MULTICAST>",
+    "rocep1s0f0 enp1s0f0np0 <BROADCAST,MULTICAST,UP,LOWER_UP>",
+    "rocep1s0f1 enp1s0f1np1 <NO-CARRIER,BROADCAST,MULTICAST>",
+)
 
 
 def probe(**kwargs) -> dict:
@@ -82,6 +91,7 @@ def test_probe_process():
         "free": str(512 * GB),
         "used": "0",
         "link": LINK_UP,
+        "hcas": list(GB10_HCAS),
         "ports": ["8000 pid=4242 comm=python3 container=", "29501 pid=5151 comm=python3 container=vllm_node"],
     }
 
@@ -89,8 +99,20 @@ def test_probe_process():
 def test_probe_process_empty_values():
     # No model folder yet (du prints nothing), no interface (ip prints nothing), no listeners.
     assert PreflightProbe().process(["gpu=!missing", "docker=!missing", "free=1000", "used=", "link="]) == {
-        "gpu": "!missing", "docker": "!missing", "free": "1000", "used": "", "link": "", "ports": [],
+        "gpu": "!missing", "docker": "!missing", "free": "1000", "used": "", "link": "", "ports": [], "hcas": [],
     }
+
+
+def test_both_twins_of_the_fabric_port_are_found_and_a_twin_without_carrier_is_named(cluster):
+    found = by_name(evaluate(cluster, WORKER, probe()))["twins"]
+    assert found.ok and found.detail == "enp1s0f0np0 (rocep1s0f0) and enP2p1s0f0np0 (roceP2p1s0f0)"
+    dark = GB10_HCAS[:1] and ("roceP2p1s0f0 enP2p1s0f0np0 <NO-CARRIER,BROADCAST,MULTICAST,UP>", *GB10_HCAS[1:])
+    found = by_name(evaluate(cluster, WORKER, probe(hcas=dark)))["twins"]
+    assert not found.ok and "the twin enP2p1s0f0np0 is up without a carrier while enp1s0f0np0 has one" in found.detail
+    down = ("roceP2p1s0f0 enP2p1s0f0np0 <BROADCAST,MULTICAST>", *GB10_HCAS[1:])  # before prepare: no problem
+    assert by_name(evaluate(cluster, WORKER, probe(hcas=down)))["twins"].ok
+    none = by_name(evaluate(cluster, WORKER, probe(hcas=GB10_HCAS[:2] + GB10_HCAS[3:])))["twins"]
+    assert not none.ok and none.detail.startswith("no RDMA device on enp1s0f0np0 port 1 (ibdev2netdev: ")
 
 
 def test_probe_script_runs_and_its_lines_are_read(tmp_path):
@@ -164,7 +186,7 @@ def test_required_ports(cluster):
 
 def test_all_good_on_the_head(cluster):
     checks = evaluate(cluster, HEAD, probe())
-    assert [c.check for c in checks] == ["ssh", "gpu", "docker", "disk", "fabric", "ports"]
+    assert [c.check for c in checks] == ["ssh", "gpu", "docker", "disk", "fabric", "twins", "ports"]
     assert all(c.ok for c in checks), checks
     assert all(c.host == HEAD for c in checks)
     got = by_name(checks)
@@ -178,7 +200,7 @@ def test_all_good_on_the_head(cluster):
 
 def test_all_good_on_a_worker_has_no_ports_check(cluster):
     checks = evaluate(cluster, WORKER, probe())
-    assert [c.check for c in checks] == ["ssh", "gpu", "docker", "disk", "fabric"]
+    assert [c.check for c in checks] == ["ssh", "gpu", "docker", "disk", "fabric", "twins"]
     assert all(c.ok for c in checks), checks
     assert checks[0].detail == "reddie@reddie.local"
 

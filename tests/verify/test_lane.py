@@ -7,7 +7,8 @@ import pytest
 
 from sparkinfra import lanes, nccl_log, serving
 from sparkinfra.facts.lane import LaneStatus, LaneUnits
-from sparkinfra.operations.nccl import NCCL_IDENTITY
+from sparkinfra.facts.nccl import NcclPin
+from sparkinfra.operations.nccl import NCCL_IDENTITY, NCCL_PIN_RECORD
 
 
 def _lane(target):
@@ -86,9 +87,11 @@ def test_every_ranks_live_vllm_processes_mapped_the_pin(node):
     another version (a rank started without the pin's mount maps the image's)."""
     _lane(node)
     config = node.cluster.config
-    out = node.root(nccl_log.live_command(config.container_name, config.nccl_library, NCCL_IDENTITY))
+    out = node.root(nccl_log.live_command(config.container_name, NCCL_IDENTITY))
     assert out.stdout.strip().startswith("{"), f"{node}: rank {node.node.rank}: {out.stdout}{out.stderr}"
-    found = nccl_log.live_problems(json.loads(out.stdout))
+    pin = node.fact(NcclPin, path=config.nccl_library, record=NCCL_PIN_RECORD)
+    found = nccl_log.live_problems(json.loads(out.stdout), {
+        "path": config.nccl_library, "sha256": pin["sha256"], "build_id": (pin["record"] or {}).get("build_id")})
     assert not found, f"{node}: rank {node.node.rank}: {'; '.join(found)}"
 
 
