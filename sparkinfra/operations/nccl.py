@@ -118,10 +118,11 @@ def nccl_environment(
     )
 
 
-def fetched_from(record: dict | None, index: str, project: str, version: str) -> bool:
-    """Whether ``record`` (a pin's identity record) says the pin came from this wheel of this index."""
+def fetched_from(record: dict | None, project: str, version: str) -> bool:
+    """Whether ``record`` (a pin's identity record) says the pin is this project's wheel at this
+    version (from whichever index: a mirror serves the same wheel, and the fetch checks its sha256)."""
     source = (record or {}).get("source") or {}
-    return (record or {}).get("version") == version and source.get("index") == index and source.get("project") == project
+    return (record or {}).get("version") == version and source.get("project") == project
 
 
 @operation()
@@ -138,8 +139,8 @@ def nccl_fetched(path: str, index: str, project: str, version: str, record: str 
     """
     pin = gathered(host, NcclPin, path=path, record=record)
     if pin["sha256"] and pin["sha256"] == (pin["record"] or {}).get("sha256") and fetched_from(
-            pin["record"], index, project, version):
-        host.noop(f"{path} is {project} {version} from {index} (sha256 {pin['sha256'][:12]})")
+            pin["record"], project, version):
+        host.noop(f"{path} is {project} {version} (sha256 {pin['sha256'][:12]})")
         return
     for name, dest in ((NCCL_IDENTITY_SCRIPT, NCCL_IDENTITY), ("nccl_fetch.py", NCCL_FETCH)):
         yield from file_content._inner(path=dest, src=str(scripts.path(name)))

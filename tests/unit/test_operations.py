@@ -377,3 +377,68 @@ def test_the_wait_runs_as_the_operation_would_with_its_lines_printed():
 
     assert commands[2].function(SimpleNamespace(print_input=False), Node()) is True
     assert ran == [(WAIT, {"print_output": True, "print_input": False, "_sudo": True})]  # (the retries are the op's)
+
+
+# The NCCL pin: fetched once by the head, shared to the workers, the same bytes on every node
+# --------------------------------------------------------------------------------------------
+
+PIN, RECORD = "/opt/nccl/lib/libnccl.so.2", "/etc/sparkinfra/nccl-pin.json"
+WHEEL = {"version": "2.30.7", "sha256": "a" * 64, "build_id": "b" * 40,
+         "source": {"index": "https://pypi.org/simple", "project": "nvidia-nccl-cu13",
+                    "file": "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_aarch64.whl"}}
+
+
+def pin_fact(sha256, record=None, path=PIN):
+    return {"fact": "NcclPin", "args": {"path": path, "record": RECORD}, "value": {"sha256": sha256, "record": record}}
+
+
+def script_states():
+    """The node already holds both node scripts as they are here (so only the fetch is yielded)."""
+    from pyinfra.api.util import get_file_sha1
+
+    from sparkinfra import scripts
+    from sparkinfra.operations.nccl import NCCL_FETCH, NCCL_IDENTITY
+    return [{"fact": "FileState", "args": {"path": dest}, "value": {
+        "kind": "file", "sha1": get_file_sha1(str(scripts.path(name))), "user": "root", "group": "root",
+        "mode": "644", "parent": True}} for name, dest in (("nccl_identity.py", NCCL_IDENTITY), ("nccl_fetch.py", NCCL_FETCH))]
+
+
+FETCH = {"path": PIN, "index": "https://pypi.org/simple", "project": "nvidia-nccl-cu13", "version": "2.30.7"}
+
+
+def test_a_fetched_pin_is_not_fetched_again_even_from_another_index():
+    commands, noops = run_operation("nccl.nccl_fetched", {**FETCH, "index": "https://mirror.example/simple"},
+                                    [pin_fact("a" * 64, WHEEL)])
+    assert commands == [] and noops == [f"{PIN} is nvidia-nccl-cu13 2.30.7 (sha256 {'a' * 12})"]
+
+
+@pytest.mark.parametrize("pin", [pin_fact(None), pin_fact("c" * 64, WHEEL), pin_fact("a" * 64, {**WHEEL, "version": "2.30.4"}),
+                                 pin_fact("a" * 64, {"sha256": "a" * 64, "source": {"upload": "/srv/nccl/libnccl.so.2"}})])
+def test_a_missing_changed_other_version_or_uploaded_pin_is_fetched_by_the_head(pin):
+    commands, _ = run_operation("nccl.nccl_fetched", FETCH, [pin, *script_states()])
+    assert len(commands) == 1 and "shown(" in commands[0]
+    assert ("python3 /usr/local/lib/sparkinfra/nccl_fetch.py --index https://pypi.org/simple --project nvidia-nccl-cu13 "
+            '--version 2.30.7 --machine "$(uname -m)" --dest /opt/nccl/lib/libnccl.so.2 --record '
+            "/etc/sparkinfra/nccl-pin.json") in commands[0]
+
+
+def test_the_head_copies_its_pin_only_to_the_workers_whose_copy_differs():
+    same, stale = FakeHost("w1", [pin_fact("a" * 64, WHEEL)]), FakeHost("w2", [pin_fact("c" * 64, WHEEL)])
+    bare = FakeHost("w3", [pin_fact(None)])
+    kwargs = {"path": PIN, "workers": [(same, "10.0.0.2"), (stale, "10.0.0.3"), (bare, "10.0.0.4")]}
+    commands, _ = run_operation("nccl.nccl_shared", kwargs, [pin_fact("a" * 64, WHEEL)])
+    assert len(commands) == 1 and f"' nccl_share.sh {PIN} {RECORD} 10.0.0.3 10.0.0.4)" in commands[0], commands
+    commands, noops = run_operation("nccl.nccl_shared", {"path": PIN, "workers": [(same, "10.0.0.2")]},
+                                    [pin_fact("a" * 64, WHEEL)])
+    assert commands == [] and noops == [f"every worker holds {PIN} (sha256 {'a' * 12})"]
+
+
+def test_a_worker_whose_pin_is_another_build_of_the_version_is_refused_naming_both():
+    head = FakeHost("spark-1", [pin_fact("a" * 64, WHEEL)])
+    facts = [pin_fact("c" * 64, WHEEL), {"fact": "NcclVersion", "args": {"path": PIN}, "value": "2.30.7"}]
+    commands, _ = run_operation("nccl.nccl_pinned", {"path": PIN, "version": "2.30.7", "head": head}, facts)
+    assert len(commands) == 1 and (f"node: {PIN} is NCCL 2.30.7 but another build than spark-1" in commands[0])
+    assert f"sha256 {'c' * 12} here, {'a' * 12} there" in commands[0]
+    same = [pin_fact("a" * 64, WHEEL), facts[1]]
+    commands, noops = run_operation("nccl.nccl_pinned", {"path": PIN, "version": "2.30.7", "head": head}, same)
+    assert commands == [] and noops == [f"{PIN} reports NCCL 2.30.7, sha256 {'a' * 12}"]
