@@ -126,7 +126,7 @@ def unreachable_detail(data, host_name: str) -> str:
 
 def evaluate(
     cluster: Cluster, host_name: str, probe: dict | None, peers_down: tuple[str, ...] = (),
-    lane: lanes.Lane | None = None, unreachable: str = "",
+    lane: lanes.Lane | None = None, unreachable: str = "", twins_down: tuple[str, ...] = (),
 ) -> list[Check]:
     """
     Judge one node's probe (``None``: the node was not reachable over SSH, ``unreachable`` says why).
@@ -134,6 +134,7 @@ def evaluate(
     + peers_down: nodes of the cluster whose fabric port is administratively down (prepare
       brings them up): with one of them, no carrier is expected rather than a cable fault
     + lane: the cluster's lane, if any: its container gets the node's RDMA devices (``rdma``)
+    + twins_down: nodes whose fabric port's twin is administratively down (no carrier is expected)
     """
     node = cluster.node(host_name)
     config = cluster.config
@@ -173,7 +174,7 @@ def evaluate(
     else:
         checks.append(Check(host_name, "fabric", True, f"{cluster.fabric.interface} up, carrier"))
 
-    checks.append(twins_check(cluster, host_name, probe))
+    checks.append(twins_check(cluster, host_name, probe, twins_down))
     if lane is not None:
         checks.append(rdma_check(host_name, probe, lane))
 
@@ -201,15 +202,26 @@ def docker_check(host_name: str, probe: dict) -> Check:
     return Check(host_name, "docker", True, f"dockerd {docker} answers")
 
 
-def twins_check(cluster: Cluster, host_name: str, probe: dict) -> Check:
-    """The fabric port's RDMA devices, as prepare will read them (``roce.port_of``): the fabric
-    interface's and its twin's (a GB10's port is two PCIe functions; one alone carries half its 200G).
-    A twin whose link is up without a carrier while the fabric interface has one is refused."""
-    hcas = [line.split(" ", 2) for line in probe.get("hcas", [])]
+def port_flags(cluster: Cluster, probe: dict | None) -> tuple[roce.Port, list[str], list[str]]:
+    """The node's fabric port as prepare will read it (``roce.port_of`` over the probe's ``hca``
+    lines), with the link flags of the fabric interface and of its twin."""
+    hcas = [line.split(" ", 2) for line in (probe or {}).get("hcas", [])]
     links = [{"device": h[0], "port": cluster.fabric.rdma_port, "netdev": h[1] if h[1] != "-" else "", "state": ""}
              for h in hcas if len(h) >= 2]
     flags = {h[1]: h[2].strip("<>").split(",") if len(h) > 2 else [] for h in hcas if len(h) >= 2}
     port = roce.port_of(cluster.fabric, links)
+    return port, flags.get(cluster.fabric.interface, []), flags.get(port.twin or "", [])
+
+
+def twins_check(cluster: Cluster, host_name: str, probe: dict, twins_down: tuple[str, ...] = ()) -> Check:
+    """The fabric port's RDMA devices, as prepare will read them: the fabric interface's and its
+    twin's (a GB10's port is two PCIe functions; one alone carries half its 200G). A twin whose link
+    is up without a carrier while the fabric interface has one is refused, unless a peer's twin is
+    down (prepare brings it up).
+
+    + twins_down: nodes of the cluster whose twin is administratively down
+    """
+    port, mine, twin = port_flags(cluster, probe)
     if port.problems:
         return Check(host_name, "twins", False, "; ".join(port.problems))
     said = " and ".join(f"{netdev} ({device})" for device, netdev in port.hcas)
@@ -217,8 +229,11 @@ def twins_check(cluster: Cluster, host_name: str, probe: dict) -> Check:
         why = "fabric_twin_interface = none" if cluster.fabric.twin == "none" else \
             f"no netdev named as {cluster.fabric.interface} in another PCI domain"
         return Check(host_name, "twins", True, f"{said} alone ({why}): one HCA, half a GB10 port's bandwidth")
-    mine, twin = flags.get(cluster.fabric.interface, []), flags.get(port.twin, [])
     if "LOWER_UP" in mine and "UP" in twin and "LOWER_UP" not in twin:
+        peers = [p for p in twins_down if p != host_name]
+        if peers:
+            return Check(host_name, "twins", True, f"{said}; {port.twin} has no carrier while the twin of "
+                                                   f"{', '.join(peers)} is down (prepare brings it up)")
         return Check(host_name, "twins", False, f"{said}: the twin {port.twin} is up without a carrier while "
                                                 f"{cluster.fabric.interface} has one (its PCIe function or firmware)")
     return Check(host_name, "twins", True, said)
@@ -285,9 +300,11 @@ def run(state, settings: Settings, in_run: set[str]) -> list[Check]:
         ])
         probes.update((h.name, value) for h, value in zip(live, values))
         down = tuple(n for n, p in probes.items() if p and p.get("link") and "UP" not in link_flags(p))
+        twins_down = tuple(n for n, p in probes.items() if p and port_flags(cluster, p)[0].twin
+                           and "UP" not in port_flags(cluster, p)[2])
         for node in cluster.nodes:
             why = "" if probes[node.name] else unreachable_detail(state.inventory.get_host(node.name).data, node.name)
-            checks += evaluate(cluster, node.name, probes[node.name], down, lane, why)
+            checks += evaluate(cluster, node.name, probes[node.name], down, lane, why, twins_down)
     for c in checks:
         logger.info(f"    [{c.host}] preflight {'PASS' if c.ok else 'FAIL'} {c.check:<7} {c.detail}")
     failed = [c for c in checks if not c.ok]

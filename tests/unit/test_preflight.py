@@ -109,6 +109,9 @@ def test_both_twins_of_the_fabric_port_are_found_and_a_twin_without_carrier_is_n
     dark = GB10_HCAS[:1] and ("roceP2p1s0f0 enP2p1s0f0np0 <NO-CARRIER,BROADCAST,MULTICAST,UP>", *GB10_HCAS[1:])
     found = by_name(evaluate(cluster, WORKER, probe(hcas=dark)))["twins"]
     assert not found.ok and "the twin enP2p1s0f0np0 is up without a carrier while enp1s0f0np0 has one" in found.detail
+    peer_down = by_name(evaluate(cluster, WORKER, probe(hcas=dark), twins_down=(HEAD,)))["twins"]
+    assert peer_down.ok and peer_down.detail.endswith(f"enP2p1s0f0np0 has no carrier while the twin of {HEAD} is down "
+                                                      "(prepare brings it up)")
     down = ("roceP2p1s0f0 enP2p1s0f0np0 <BROADCAST,MULTICAST>", *GB10_HCAS[1:])  # before prepare: no problem
     assert by_name(evaluate(cluster, WORKER, probe(hcas=down)))["twins"].ok
     none = by_name(evaluate(cluster, WORKER, probe(hcas=GB10_HCAS[:2] + GB10_HCAS[3:])))["twins"]
