@@ -60,5 +60,6 @@ def test_eight_nodes_of_another_sites_naming_serve_and_verify(bed):
     assert result.returncode == 0, result.output[-3000:]
     env = [bed.node(f"spark-{i}", "cat /etc/sparkinfra/nccl.env").stdout for i in range(1, 9)]
     assert {re.search(r"^NCCL_IB_GID_INDEX=(\d+)$", e, re.M)[1] for e in env} == {"3", "5"}, env
-    assert all("NCCL_IB_HCA=mlx5_0,mlx5_1\n" in e and "NCCL_SOCKET_IFNAME=enP2p1s0f1np1\n" in e for e in env), env
+    # both twins of the cabled f1 port, found on each node: the fabric interface's HCA first, then its twin's
+    assert all("NCCL_IB_HCA=mlx5_3,mlx5_1\n" in e and "NCCL_SOCKET_IFNAME=enP2p1s0f1np1\n" in e for e in env), env
     assert "dgx8" in bed.node("spark-1", "cat /root/.ssh/config").stdout  # the mesh maps each worker's user
