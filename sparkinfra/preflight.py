@@ -300,8 +300,8 @@ def run(state, settings: Settings, in_run: set[str]) -> list[Check]:
         ])
         probes.update((h.name, value) for h, value in zip(live, values))
         down = tuple(n for n, p in probes.items() if p and p.get("link") and "UP" not in link_flags(p))
-        twins_down = tuple(n for n, p in probes.items() if p and port_flags(cluster, p)[0].twin
-                           and "UP" not in port_flags(cluster, p)[2])
+        ports = {n: port_flags(cluster, p) for n, p in probes.items() if p}
+        twins_down = tuple(n for n, (port, _, twin) in ports.items() if port.twin and "UP" not in twin)
         for node in cluster.nodes:
             why = "" if probes[node.name] else unreachable_detail(state.inventory.get_host(node.name).data, node.name)
             checks += evaluate(cluster, node.name, probes[node.name], down, lane, why, twins_down)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .facts.fabric import gid_ipv4, ipv4_v2_row, port_devices, twin_of
+from .facts.fabric import gid_ipv4, ipv4_v2_row, port_devices, roce_v2_index, twin_of
 from .settings import Fabric
 
 AUTO_GID_SINCE = (2, 21, 0)  # NCCL_IB_GID_INDEX defaults to -1 (NCCL picks per HCA) since 2.21
@@ -102,12 +102,15 @@ class GidChoice:
 def wanted_row(rows: list[dict], netdev: str, fabric: bool, fabric_ip: str) -> int | None:
     """The row an HCA must use: the fabric IP's RoCE v2 row on the fabric interface's HCA, the
     first IPv4 RoCE v2 row of its own netdev on the twin's."""
-    if fabric:
-        for row in rows:
-            if row["type"] == "RoCE v2" and gid_ipv4(row["gid"]) == fabric_ip and (not row["ndev"] or row["ndev"] == netdev):
-                return row["index"]
-        return None
-    return ipv4_v2_row(rows, netdev)
+    return roce_v2_index(rows, fabric_ip, netdev) if fabric else ipv4_v2_row(rows, netdev)
+
+
+def used_row(rows: list[dict], netdev: str, index: str) -> int | None:
+    """The row NCCL uses on an HCA whose table is ``rows``: ``index`` (``NCCL_IB_GID_INDEX``), or
+    where it is unset NCCL's own choice (the first IPv4 RoCE v2 row of its netdev); ``None``: none."""
+    if not index:
+        return ipv4_v2_row(rows, netdev)
+    return int(index) if index.lstrip("-").isdigit() else None
 
 
 def gid_choice(port: Port, tables: dict[str, list[dict] | None], fabric_ip: str, nccl_version: str) -> GidChoice:
@@ -170,13 +173,9 @@ def index_problems(port: Port, tables: dict[str, list[dict] | None], fabric_ip: 
     problems = []
     for device, netdev in port.hcas:
         rows = tables.get(device) or []
-        if index:
-            row = next((r for r in rows if str(r["index"]) == index), None)
-            used = f"row {index}"
-        else:
-            at = ipv4_v2_row(rows, netdev)
-            row = next((r for r in rows if r["index"] == at), None)
-            used = f"NCCL's own row ({at if at is not None else 'none: no IPv4 RoCE v2 row'})"
+        at = used_row(rows, netdev, index)
+        row = next((r for r in rows if r["index"] == at), None)
+        used = f"row {index}" if index else f"NCCL's own row ({at if at is not None else 'none: no IPv4 RoCE v2 row'})"
         where = f"{device} ({netdev or '?'})"
         if row is None:
             problems.append(f"{where}: {used} is empty; table: {table_text(tables.get(device))}")

@@ -154,7 +154,7 @@ def twins(node, report: dict, cluster_fabric: Fabric) -> dict:
     by_device = {link["device"]: link for link in links}
     for device, netdev in port.hcas:
         rows = tables.get(device) or []
-        row = index or str(roce.ipv4_v2_row(rows, netdev))
+        row = str(roce.used_row(rows, netdev, index))
         link = (by_device.get(device) or {}).get("link") or {}
         found["twins"].append({"device": device, "netdev": netdev, "row": row, "mtu": link.get("mtu"),
                                "operstate": link.get("operstate"), "addresses": link.get("addresses", [])})
@@ -162,12 +162,11 @@ def twins(node, report: dict, cluster_fabric: Fabric) -> dict:
     if report.get("nccl_hcas") is not None and report["nccl_hcas"] != ",".join(port.devices):
         problems.append(f"NCCL_IB_HCA is {report['nccl_hcas']}, the port's HCAs are {','.join(port.devices)}")
     problems += roce.index_problems(port, tables, str(node.fabric_ip), index)
-    for twin in found["twins"]:
+    for twin in (t for t in found["twins"] if t["netdev"] != port.interface):  # the fabric's own: problems()
         if twin["operstate"] != "up" or twin["mtu"] != cluster_fabric.mtu:
             problems.append(f"{twin['netdev']} ({twin['device']}) is {twin['operstate']}, MTU {twin['mtu']} "
                             f"(the settings: up, MTU {cluster_fabric.mtu})")
-        inside = [a for a in twin["addresses"] if twin["netdev"] != port.interface
-                  and IPv4Interface(a).ip in cluster_fabric.subnet]
+        inside = [a for a in twin["addresses"] if IPv4Interface(a).ip in cluster_fabric.subnet]
         if inside:
             problems.append(f"twin {twin['netdev']} holds {', '.join(inside)} of the fabric subnet {cluster_fabric.subnet}")
     found["twin_problems"] = problems

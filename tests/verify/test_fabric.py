@@ -67,7 +67,7 @@ def _rows(target) -> dict[str, str]:
     """The GID row NCCL uses on each of ``target``'s HCAs (its env's index, else each one's own)."""
     port, index = target.port(), target.nccl_env().get("NCCL_IB_GID_INDEX", "")
     tables = target.gid_tables(port)
-    return {d: index or str(roce.ipv4_v2_row(tables[d] or [], netdev)) for d, netdev in port.hcas}
+    return {d: str(roce.used_row(tables[d] or [], netdev, index)) for d, netdev in port.hcas}
 
 
 def test_fabric_bandwidth_head_to_each_worker(cluster, request):
