@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BED := $(PY) -m sparkbed
-HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev shellcheck
+HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev shellcheck git
 
 .PHONY: setup demo test test-eight unit e2e bed-up bed-down clean
 

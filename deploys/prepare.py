@@ -117,6 +117,7 @@ if here.is_head and fetch:
         index=config.nccl_index,
         project=config.nccl_wheel,
         version=config.nccl_version,
+        wheel_sha256=cluster.pin("nccl") or "",
     )
     if cluster.workers:
         nccl_shared(

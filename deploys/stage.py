@@ -1,6 +1,7 @@
 """
 One image ID and one verified model snapshot on every node, moved head -> workers over the fabric:
-the lane's image (built on the head from its recipe, or pulled by digest), else the cluster's.
+the lane's image (built on the head from its recipe, or pulled by its locked digest), else the
+cluster's; the snapshots at their locked commits, downloaded on the head in that image.
 
     pyinfra inventory/pair.py deploys/stage.py            # --data stage_verify=deep: sha256 of every file
 """
@@ -24,16 +25,20 @@ cluster = here.cluster
 config = cluster.config
 workers = [(inventory.get_host(w.name), str(w.fabric_ip)) for w in cluster.workers]
 deep = config.stage_verify == "deep"
-image = lanes.lane_image(lanes.find_lane(config.lane), config.image) if config.lane else lanes.Image(config.image)
+lane = lanes.find_lane(config.lane) if config.lane else None
+image = lanes.lane_image(lane, config.image, dict(cluster.pins)) if lane else lanes.Image(config.image)
+# The site's image only where the lane needs it: as its image, or as its recipe's base.
+site_image = image.ref == config.image or bool(image.recipe and image.recipe.base == config.image)
 
 if here.is_head:
-    image_present(  # the site's base: downloads run in it, the bed's recipes build on it
-        name=f"Image {config.image} is on the head",
-        image=config.image,
-        image_id=config.image_id,
-        tarball=config.image_tarball,
-        build=config.image_build,
-    )
+    if site_image:
+        image_present(
+            name=f"Image {config.image} is on the head",
+            image=config.image,
+            image_id=config.image_id,
+            tarball=config.image_tarball,
+            build=config.image_build,
+        )
     if image.recipe:
         image_built(
             name=f"Image {image.ref} is built on the head from recipe images/{image.name}",
@@ -59,7 +64,7 @@ for repo, revision in transfer.models(cluster):
             repo=repo,
             revision=revision,
             cache_dir=config.model_dir,
-            image=config.image,
+            image=image.ref,  # the lane's: every vLLM image has huggingface_hub
             token_env=config.hf_token_env,
             endpoint=config.hf_endpoint,
         )

@@ -41,7 +41,7 @@ from sparkinfra.operations.mesh import (
 from sparkinfra.operations.nccl import NCCL_ENV_FILE, node_port
 from sparkinfra.operations.stage import snapshot_served
 
-here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
+here = run.start(resolve=False)  # settings checked, SSH tuned, the converge lock held; nothing resolved
 cluster = here.cluster
 node = here.node
 config = cluster.config

@@ -32,6 +32,7 @@ gpu_clock_cap = "200,2150"
 image = "sparkbed/stage:1"
 image_build = "tar -C /var/lib/sparkbed/image-rootfs -c . | docker import -c 'ENV PYTHONPATH=/opt/hf' - sparkbed/stage:1"
 model = "sparkbed/tiny-llama"
-model_revision = "7161ee11a3a0de1ce0000000000000000000c0de"
+# A branch, as a site names it: the first converge pins its commit in the cluster's lock (lock_file).
+model_revision = "main"
 hf_endpoint = "http://10.213.0.1:8731"
 hf_token_env = "SPARKBED_HF_TOKEN"

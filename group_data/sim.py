@@ -1,5 +1,8 @@
 # The test bed's pair (inventory/sim.py); what every bed cluster shares is in group_data/bed.py.
+from sparkbed import lock_path
+
 cluster = "sim"
+lock_file = str(lock_path("sim"))  # the bed's lock: the pins of this bed's upstream (sparkinfra.lock)
 
 # Serving: the bed's lane (lanes/sim.yaml), vLLM CPU TP=2 across the pair. A CPU start takes ~40 s.
 lane = "sim"

@@ -21,10 +21,26 @@ from .layout import CACHE, compile_nccl_standin, log, run
 # ------------------------
 
 BASE = CACHE / "base"
+# git: a repository recipe's build checks its build repository out on the head.
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,procps,rsync,python3,"
-    "sudo,kmod,ca-certificates,docker.io,libnuma1"
+    "sudo,kmod,ca-certificates,docker.io,libnuma1,git"
 )
+_BASE_READY = ".sparkbed-ready"  # its first line the time, then base_key(): another key rebuilds the base
+
+
+def base_key() -> str:
+    """What the cached base is made of (the marker's second line): a base of other packages is made again."""
+    return f"packages {BASE_PACKAGES}"
+
+
+def base_is_current() -> bool:
+    """Whether the cached base is complete and made of ``BASE_PACKAGES``."""
+    marker = BASE / _BASE_READY
+    try:
+        return BASE.is_dir() and base_key() in marker.read_text().splitlines()
+    except OSError:
+        return False
 
 
 def apt_mirror() -> str:
@@ -44,8 +60,8 @@ def apt_mirror() -> str:
 
 
 def build_base(force: bool = False) -> None:
-    """Debootstrap the shared base once; later bring-ups reuse it."""
-    if BASE.is_dir() and (BASE / ".sparkbed-ready").exists() and not force:
+    """Debootstrap the shared base once (again when ``BASE_PACKAGES`` changed); later bring-ups reuse it."""
+    if base_is_current() and not force:
         return
     tmp = CACHE / "base.tmp"
     if tmp.exists():
@@ -66,7 +82,7 @@ def build_base(force: bool = False) -> None:
     if BASE.exists():
         shutil.rmtree(BASE)
     tmp.rename(BASE)
-    (BASE / ".sparkbed-ready").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
+    (BASE / _BASE_READY).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n") + base_key() + "\n")
     log(f"base ready in {time.monotonic() - started:.0f}s")
 
 
@@ -112,6 +128,26 @@ IMAGE_BUILD = (
 )
 
 
+# The nodes' git (and the Perl it needs, 94 MB) is no part of the image either.
+IMAGE_DROPPED_PACKAGES = ("git", "git-man", "liberror-perl", "perl", "perl-modules-5.36", "libperl5.36")
+
+
+def strip_packages(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """Remove the files (not the folders) that dpkg lists for ``packages`` in ``root``; the paths removed."""
+    removed, top = [], root.resolve()
+    info = root / "var/lib/dpkg/info"
+    for package in packages:
+        for listing in sorted([*info.glob(f"{package}.list"), *info.glob(f"{package}:*.list")]):
+            for line in listing.read_text().splitlines():
+                path = root / line.lstrip("/")
+                if not (line.startswith("/") and path.parent.resolve().is_relative_to(top)):
+                    continue  # never outside root (an absolute link on the way would lead out)
+                if path.is_symlink() or path.is_file():
+                    path.unlink()
+                    removed.append(line)
+    return removed
+
+
 # The sim lanes' image is a recipe on top of this one (images/sparkbed-lane: the ``vllm`` and ``ray``
 # commands for the CPU build mounted on PYTHONPATH, the vLLM platform plugin that gives that build a
 # Ray device), built on the head by the stage as a Spark's lane image is.
@@ -139,6 +175,7 @@ def build_image_rootfs() -> None:
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
+    strip_packages(IMAGE_ROOTFS, IMAGE_DROPPED_PACKAGES)
     run(sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
         "--target", str(IMAGE_ROOTFS / "opt/hf"), "huggingface_hub")
     _write_image_nccl()

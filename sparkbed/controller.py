@@ -3,7 +3,7 @@ The controller's side of the bed (``CONTROLLER_DIR``): its SSH key, known hosts 
 pyinfra inventory entries built from them (``sim_hosts``), the NCCL stand-in libraries deploys
 upload, the ``nvidia-nccl-cu13`` wheels of the hub's package index, the secrets a user's shell
 would hold (the hub's token, the API key: ``controller_env``), and the hub (``hub.py``) serving the
-tiny model and the package index in the management namespace.
+tiny model, the package index and the git repositories (``GIT_ROOT``) in the management namespace.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import zipfile
 import sys
 from pathlib import Path
 
-from .cache import SIM_MODEL, SIM_REVISION, build_tiny_model
 from .layout import (CACHE, CONTROLLER_DIR, DEFAULT_SHAPE, MGMT_GATEWAY, MGMT_NS, STATE, _enter_own_cgroup,
                      compile_nccl_standin, sim_nodes)
 
@@ -148,6 +147,19 @@ HUB_TOKEN_ENV = "SPARKBED_HF_TOKEN"
 # The hub's package index (PEP 503, not gated): ``/simple/<project>/``, files under ``/packages/``.
 NCCL_INDEX_URL = HUB_URL + "/simple"
 HUB_DOWNLOADS = STATE / "hub-downloads.log"  # one line per .whl the hub served whole
+# Git repositories on the hub (``/git/<name>.git``, read-only, smart and dumb HTTP), as GitHub serves
+# a build repository: the bed's ``sparkbed-build.git`` (upstream.py), made afresh at every ``up``.
+GIT_ROOT = STATE / "git"
+# The bed's clusters' locks (sparkinfra.lock, each cluster's lock_file in group_data): the pins of
+# this bed's upstream (its hub and build repository), made afresh with it at every bring-up.
+LOCKS = CONTROLLER_DIR / "locks"
+
+
+def lock_path(cluster: str) -> Path:
+    """The lock file of the bed's cluster ``cluster`` (``sim``, ``sim4``, ``pair_a``...)."""
+    return LOCKS / f"{cluster}.lock.yaml"
+BUILD_REPO_NAME = "sparkbed-build.git"
+BUILD_REPO_URL = f"{HUB_URL}/git/{BUILD_REPO_NAME}"
 
 
 def nccl_index_downloads() -> int:
@@ -187,12 +199,9 @@ def controller_env() -> dict[str, str]:
 
 
 def _start_hub() -> int:
-    """Serve the tiny model at HUB_URL (repo SIM_MODEL, revision SIM_REVISION), and the package index
-    at NCCL_INDEX_URL, until the bed goes down."""
-    repo = HUB_ROOT / SIM_MODEL / SIM_REVISION
-    if not repo.exists():
-        repo.parent.mkdir(parents=True, exist_ok=True)
-        repo.symlink_to(build_tiny_model())
+    """Serve HUB_ROOT at HUB_URL (the tiny model: repo SIM_MODEL, main on SIM_REVISION, made by
+    ``upstream.fresh_upstream``), the package index at NCCL_INDEX_URL and GIT_ROOT's repositories
+    (BUILD_REPO_URL), until the bed goes down."""
     token = hub_token_file()
     _secret(token)
     if not PYPI_ROOT.is_dir():
@@ -202,7 +211,7 @@ def _start_hub() -> int:
     proc = subprocess.Popen(
         ["ip", "netns", "exec", MGMT_NS, sys.executable, "-m", "sparkbed.hub", "--root", str(HUB_ROOT),
          "--host", MGMT_GATEWAY, "--port", str(HUB_PORT), "--token-file", str(token),
-         "--index", str(PYPI_ROOT), "--downloads", str(HUB_DOWNLOADS)],
+         "--index", str(PYPI_ROOT), "--downloads", str(HUB_DOWNLOADS), "--git", str(GIT_ROOT)],
         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
         preexec_fn=lambda: _enter_own_cgroup("hub"),
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},

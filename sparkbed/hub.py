@@ -29,8 +29,16 @@ Beside it, a Python package index (PEP 503 "simple", never gated) over a folder 
 other spellings redirect) lists each file as ``<a href="../../packages/FILE#sha256=HEX">FILE</a>``,
 ``GET /packages/FILE`` serves it. Each ``.whl`` sent whole appends one line to ``downloads``.
 
-``python -m sparkbed.hub --root DIR --host H --port P [--token-file F] [--index DIR [--downloads F]]``
-serves until SIGTERM or SIGINT.
+And git repositories, read-only and never gated, as GitHub serves a build repository
+(``git``: a folder of bare repositories ``<name>.git``): ``/git/<name>.git/...`` answers git's
+"smart" HTTP protocol (``info/refs?service=git-upload-pack`` and ``POST .../git-upload-pack``, run
+by ``git http-backend``: shallow fetches and fetches of a commit by its id, as on GitHub; pushes
+are refused) and its "dumb" one (the static files ``HEAD``, ``info/refs``, ``objects/info/*``,
+loose objects and packs, as ``git update-server-info`` keeps them; nothing else of the repository,
+no path outside it). A client that asks with ``GIT_SMART_HTTP=0`` gets the dumb protocol only.
+
+``python -m sparkbed.hub --root DIR --host H --port P [--token-file F] [--index DIR [--downloads F]]
+[--git DIR [--git-dumb]]`` serves until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ import hashlib
 import hmac
 import html
 import json
+import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -56,6 +66,10 @@ SHA_RE = re.compile(r"[0-9a-f]{40}")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 DIST_FILE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._]*?)-[0-9][^/]*\.(whl|tar\.gz|zip)")
+GIT_REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.git")
+# What a dumb-protocol client reads of a bare repository (git's http-fetch/remote-curl): nothing else.
+GIT_DUMB_RE = re.compile(r"HEAD|info/refs|objects/info/(packs|alternates|http-alternates)"
+                         r"|objects/[0-9a-f]{2}/[0-9a-f]{38,62}|objects/pack/pack-[0-9a-f]{40,64}\.(pack|idx)")
 
 _hashes: dict[tuple, dict] = {}
 _hash_lock = threading.Lock()
@@ -244,12 +258,21 @@ class Handler(BaseHTTPRequestHandler):
     def do_HEAD(self):
         self.dispatch(body=False)
 
+    def do_POST(self):  # git's smart protocol only
+        self.dispatch(body=True)
+
     def dispatch(self, body: bool) -> None:
         self.sent, self.auth, self.status = 0, "-", "-"
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         query = parse_qs(url.query)
         try:
+            if parts[:1] == ["git"] and self.server.git is not None:
+                self.auth = "git"  # public repositories, as a build repository on GitHub
+                self.git(parts[1:], query, body)
+                return
+            if self.command == "POST":
+                raise HubError(405, None, "Method Not Allowed")
             if parts[:1] in (["simple"], ["packages"]) and self.server.index is not None:
                 self.auth = "index"  # the package index is never gated
                 self.package_index(parts, url, body)
@@ -416,21 +439,102 @@ class Handler(BaseHTTPRequestHandler):
             raise HubError(404, None, "Not Found")
         path = index / parts[1]
         size = path.stat().st_size
-        self.send_response(200)
-        for key, value in {"Content-Type": "application/octet-stream", "Content-Length": str(size),
-                           "ETag": f'"{sha256_of(path)}"'}.items():
-            self.send_header(key, value)
-        self.end_headers()
-        if not body:
+        if not self.send_file(path, {"Content-Type": "application/octet-stream", "ETag": f'"{sha256_of(path)}"'}, body):
             return
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK):
-                self.wfile.write(chunk)
-                self.sent += len(chunk)
         self.wfile.flush()
         if self.sent == size and path.name.endswith(".whl") and self.server.downloads is not None:
             with _log_lock, open(self.server.downloads, "a") as counter:
                 counter.write(f"{time.strftime('%H:%M:%S')} {self.client_address[0]} {path.name}\n")
+
+    def git(self, parts: list[str], query: dict, body: bool) -> None:
+        """A repository of ``server.git`` over git's smart or dumb HTTP protocol (see the module docstring)."""
+        if not (len(parts) >= 2 and GIT_REPO_RE.fullmatch(parts[0]) and safe_parts(parts)):
+            raise HubError(404, None, "Repository not found")
+        repo = self.server.git / parts[0]
+        if not (repo / "objects").is_dir():
+            raise HubError(404, None, "Repository not found")
+        rel = "/".join(parts[1:])
+        service = query.get("service", [None])[0]
+        if service == "git-receive-pack" or rel == "git-receive-pack":
+            raise HubError(403, None, "Write access to the repository is not granted.")
+        smart = self.server.git_smart and (service == "git-upload-pack" and rel == "info/refs"
+                                           or rel == "git-upload-pack")
+        if smart:
+            if (self.command == "POST") != (rel == "git-upload-pack"):
+                raise HubError(405, None, "Method Not Allowed")
+            return self.git_backend(parts[0], rel, body)
+        if self.command == "POST" or not GIT_DUMB_RE.fullmatch(rel):  # a query is ignored, as a file server does
+            raise HubError(404, None, "Not Found")
+        path = repo / rel
+        if path.is_symlink() or not path.is_file():
+            raise HubError(404, None, "Not Found")
+        kind = ("application/x-git-loose-object" if re.fullmatch(r"objects/[0-9a-f]{2}/.*", rel) else
+                "application/octet-stream" if rel.startswith("objects/pack/") else "text/plain; charset=utf-8")
+        self.send_file(path, {"Content-Type": kind, "Cache-Control": "no-cache"}, body)
+
+    def send_file(self, path: Path, headers: dict, body: bool) -> bool:
+        """200 with ``headers`` and the file's length, then (``body``) the file; whether it was sent."""
+        self.send_response(200)
+        for key, value in {**headers, "Content-Length": str(path.stat().st_size)}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if not body:
+            return False
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                self.wfile.write(chunk)
+                self.sent += len(chunk)
+        return True
+
+    def request_body(self) -> bytes:
+        """The request's body: ``Content-Length`` bytes, or its chunks (git sends large ones chunked)."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = b""
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                data += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline().strip():  # trailers
+                pass
+            return data
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def git_backend(self, repo: str, rel: str, body: bool) -> None:
+        """Run ``git http-backend`` (a CGI program) for one smart-protocol request, upload-pack only."""
+        data = self.request_body() if self.command == "POST" else b""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(self.server.git),
+            "GIT_HTTP_EXPORT_ALL": "1", "PATH_INFO": f"/{repo}/{rel}",
+            "REQUEST_METHOD": "POST" if self.command == "POST" else "GET",
+            "QUERY_STRING": "service=git-upload-pack" if rel == "info/refs" else "",
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(data)),
+            "REMOTE_ADDR": self.client_address[0], "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
+            # as GitHub: any commit a branch reaches can be fetched by its id
+            "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "uploadpack.allowReachableSHA1InWant",
+            "GIT_CONFIG_VALUE_0": "true", "GIT_CONFIG_KEY_1": "safe.directory", "GIT_CONFIG_VALUE_1": "*",
+        }
+        for header, name in (("Git-Protocol", "GIT_PROTOCOL"), ("Content-Encoding", "HTTP_CONTENT_ENCODING")):
+            if self.headers.get(header):
+                env[name] = self.headers[header]
+        proc = subprocess.run(["git", "http-backend"], input=data, env=env, capture_output=True, timeout=120)
+        cut = re.search(rb"\r?\n\r?\n", proc.stdout)
+        head, payload = (proc.stdout[:cut.start()], proc.stdout[cut.end():]) if cut else (b"", b"")
+        if proc.returncode != 0 or not head:
+            message = proc.stderr.decode(errors="replace").strip().splitlines()
+            raise HubError(500, None, f"git http-backend: {message[-1] if message else proc.returncode}")
+        status, headers = 200, {}
+        for line in head.decode("latin-1").splitlines():
+            key, _, value = line.partition(":")
+            if key.lower() == "status":
+                status = int(value.split()[0])
+            elif key:
+                headers[key.strip()] = value.strip()
+        self.send_response(status)
+        for key, value in {**headers, "Content-Length": str(len(payload))}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
+            self.sent = len(payload)
 
     def redirect(self, location: str, body: bool) -> None:
         self.send_response(301)
@@ -459,6 +563,8 @@ class Handler(BaseHTTPRequestHandler):
             self.sent = len(payload)
 
     def send_error_json(self, e: HubError, body: bool) -> None:
+        if self.command == "POST":
+            self.close_connection = True  # its body may be unread
         message = e.message.encode("ascii", "backslashreplace").decode()  # headers are latin-1
         headers = {"X-Error-Message": message, **({"X-Error-Code": e.code} if e.code else {}), **e.headers}
         self.send_json({"error": e.message}, body, headers, e.status)
@@ -472,20 +578,22 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve(root: Path, host: str, port: int, token: str | None = None, *,
           drop_after: int | None = None, index: Path | None = None,
-          downloads: Path | None = None) -> ThreadingHTTPServer:
+          downloads: Path | None = None, git: Path | None = None, git_smart: bool = True) -> ThreadingHTTPServer:
     """
     Start serving ``root`` on ``host:port`` (0: any free port, see ``server_address``) in a daemon
     thread; the caller calls ``shutdown()`` and ``server_close()``. With ``token``, the repositories
     are gated on it. ``drop_after`` (a fault for tests) closes every download that asks for no
     ``Range`` after that many bytes, so only a client that resumes with ``Range`` completes.
     ``index``: a folder of wheels served as a package index (``downloads``: the file each whole
-    ``.whl`` download appends a line to).
+    ``.whl`` download appends a line to). ``git``: a folder of bare repositories ``<name>.git``
+    served under ``/git/`` (``git_smart``: by ``git http-backend`` too, else the dumb protocol only).
     """
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     server.root, server.token, server.drop_after = Path(root), token, drop_after
     server.index = Path(index) if index is not None else None
     server.downloads = Path(downloads) if downloads is not None else None
+    server.git, server.git_smart = (Path(git) if git is not None else None), git_smart
     threading.Thread(target=server.serve_forever, args=(0.1,), name="hub", daemon=True).start()
     threading.Thread(target=warm, args=(Path(root),), name="hub-warm", daemon=True).start()
     return server
@@ -499,17 +607,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", type=Path, help="a file holding the token that gates every repository")
     parser.add_argument("--index", type=Path, help="a folder of wheels to serve as a PEP 503 index (/simple/)")
     parser.add_argument("--downloads", type=Path, help="a file each whole .whl download appends a line to")
+    parser.add_argument("--git", type=Path, help="a folder of bare repositories <name>.git to serve under /git/")
+    parser.add_argument("--git-dumb", action="store_true", help="git's dumb HTTP protocol only (no git http-backend)")
     args = parser.parse_args(argv)
     token = None
     if args.token_file:
         token = args.token_file.read_text().strip()
         if not token:
             parser.error(f"{args.token_file} is empty")
-    if not args.root.is_dir():
-        parser.error(f"{args.root} is not a folder")
+    for folder in (args.root, args.git):
+        if folder is not None and not folder.is_dir():
+            parser.error(f"{folder} is not a folder")
     stop = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the threads start: only sigwait sees them
-    server = serve(args.root, args.host, args.port, token, index=args.index, downloads=args.downloads)
+    server = serve(args.root, args.host, args.port, token, index=args.index, downloads=args.downloads,
+                   git=args.git, git_smart=not args.git_dumb)
     host, port = server.server_address[:2]
     log(f"hub: serving {args.root} on http://{host}:{port}{' (gated)' if token else ''}")
     signal.sigwait(stop)

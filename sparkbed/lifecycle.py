@@ -1,8 +1,9 @@
 """
 The bed up and down: ``up`` clears what an earlier (killed) run left, then builds the networks,
-mounts and identities, starts the hub and one supervisor per node and waits for them; ``down``
-stops every process in the bed's cgroups and removes namespaces, mounts, cgroups, node state, and
-last the guard route.
+mounts and identities, puts the hub's repositories as at first (``upstream``), starts the hub and
+one supervisor per node and waits for them; ``down`` stops every process in the bed's cgroups and
+removes namespaces, mounts, cgroups, node state (the hub's git repositories too), and last the
+guard route.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .cache import build_base, build_image_rootfs
-from .controller import _start_hub, build_nccl_standins, controller_key, known_hosts, ssh_config
+from .controller import GIT_ROOT, LOCKS, _start_hub, build_nccl_standins, controller_key, known_hosts, ssh_config
 from .layout import (CGROUP_ROOTS, CONTROLLER_DIR, DEFAULT_SHAPE, MGMT_NS, NODES_DIR, PREFIX, SHAPES, STATE, log, run, sim_nodes,
                      state_file)
 from .network import _make_networks, install_guard_routes, remove_guard_routes
 from .nodes import _mount_root, _start_supervisor, _wait_ssh, _write_identity, wait_running
+from .upstream import fresh_upstream
 
 
 # Up
@@ -66,6 +68,7 @@ def up(count: int = 2, shape: str = DEFAULT_SHAPE) -> dict:
     known_hosts().write_text("".join(host_lines))
     ssh_config().write_text("".join(config_lines))
     _make_networks(nodes)
+    fresh_upstream()  # the hub's model (main on SIM_REVISION) and the build repository, as at first
     _start_hub()
     for node in nodes:
         _start_supervisor(node)
@@ -162,8 +165,9 @@ def clear_stale() -> None:
                 os.rmdir(dirpath)  # empty now: every process in it was stopped above
             except FileNotFoundError:
                 pass
-    if NODES_DIR.exists():
-        shutil.rmtree(NODES_DIR)
+    for folder in (NODES_DIR, GIT_ROOT, LOCKS):  # the locks pin this bed's upstream
+        if folder.exists():
+            shutil.rmtree(folder)
     for path in (state_file(), STATE / "hub.pid"):
         path.unlink(missing_ok=True)
 

@@ -106,11 +106,11 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
         path=serving.APPLY_MODS,
         src=str(serving.APPLY_MODS_SOURCE),
     )
-    for mod in lane.mods:  # each file as it is on the controller: the plan holds their digest
-        for relative, path in serving.mod_files(lane, mod):
+    for mod in lanes.lane_mods(lane, dict(cluster.pins)):  # each file as it is on the controller: the plan holds their digest
+        for relative, path in lanes.mod_files(mod):
             file_content(
-                name=f"Mod {mod} of lane {name} has {relative}",
-                path=f"{serving.MODS_DIR}/{name}/{mod}/{relative}",
+                name=f"Mod {mod.name} of lane {name} has {relative}",
+                path=f"{serving.MODS_DIR}/{name}/{mod.name}/{relative}",
                 src=str(path),
                 mode="755" if path.stat().st_mode & 0o100 else "644",
             )
@@ -153,6 +153,7 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
             image=mine.image,
             request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
             docker_options=list(mine.docker_options),
+            mods=list(mine.mods),
         )
 
 

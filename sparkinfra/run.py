@@ -32,7 +32,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
 
-from . import lanes, lock, preflight, ssh
+from . import converge_lock, lanes, lock, preflight, ssh
 from .facts.reading import unproxied
 from .settings import (
     Cluster,
@@ -84,12 +84,14 @@ _runs: weakref.WeakKeyDictionary[State, _Run] = weakref.WeakKeyDictionary()
 _starting = Semaphore()
 
 
-def start(preflight_first: bool = False) -> Here:
+def start(preflight_first: bool = False, resolve: bool = True) -> Here:
     """
     Start this pyinfra run (the first call does the run-level work; later calls only look up)
     and say which cluster and role the current host has.
 
     + preflight_first: check every node once (``preflight.run``) before any operation
+    + resolve: resolve on each head what the site's lock lacks (``lock.settle``); off for a run
+      that needs no pin (teardown): the lock's pins are read, nothing is resolved
     """
     state = unproxied(ctx_state.get())
     with _starting:
@@ -102,7 +104,13 @@ def start(preflight_first: bool = False) -> Here:
                     raise InventorySettingsError(f"bad settings: {exc}") from None
                 whole_clusters(state, settings)  # before any host is touched
                 ssh.prompt_replies(state)  # no delayed-ACK wait on each command
-                lock.hold(state, state.inventory, settings, dry=bool(cli_params().get("dry")))  # one at a time
+                dry = bool(cli_params().get("dry"))
+                converge_lock.hold(state, state.inventory, settings, dry=dry)  # one at a time
+                try:  # what the network decides: the lock's pins, what it lacks resolved on the heads
+                    settings = (lock.settle(state, settings, _inventory_file(), state.cwd, dry=dry) if resolve
+                                else lock.pinned(settings, _inventory_file(), state.cwd))
+                except (lock.LockError, lanes.LaneError) as exc:
+                    raise InventorySettingsError(str(exc)) from None
                 record.settings = settings
             except BaseException as exc:
                 record.error = exc
@@ -180,10 +188,11 @@ def checked_settings(inventory, inventory_file: str | None = None, cwd: str | No
 
 
 def load_files(inventory_file: str, data: list[str] | tuple[str, ...] = (),
-               cwd: str | None = None) -> tuple[Any, Settings]:
+               cwd: str | None = None, pin: bool = True) -> tuple[Any, Settings]:
     """
     The inventory and its settings as pyinfra's CLI builds them from ``inventory_file``,
-    ``group_data/`` and ``data`` (``key=value`` strings, as ``--data``), outside a pyinfra run.
+    ``group_data/`` and ``data`` (``key=value`` strings, as ``--data``), outside a pyinfra run;
+    with ``pin``, as each cluster's lock pins them (``lock.pinned``: nothing is resolved).
     """
     from pyinfra_cli.inventory import make_inventory_from_files
 
@@ -192,7 +201,13 @@ def load_files(inventory_file: str, data: list[str] | tuple[str, ...] = (),
     if not ctx_state.isset():
         ctx_state.set(State())  # pyinfra's loader executes files in a state's context
     inventory = make_inventory_from_files(inventory_file, override, cwd)
-    return inventory, checked_settings(inventory, inventory_file, cwd)
+    settings = checked_settings(inventory, inventory_file, cwd)
+    if not pin:
+        return inventory, settings
+    try:
+        return inventory, lock.pinned(settings, inventory_file, cwd)
+    except lock.LockError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 # pyinfra's command line: the one place that reads it
@@ -232,15 +247,17 @@ def _cli_override_data() -> dict[str, Any]:
     return data
 
 
-def _settings_of_run(state: State) -> Settings:
-    """The validated settings of a pyinfra run's inventory."""
+def _inventory_file() -> str | None:
+    """The running pyinfra command's inventory file (None: a host list or another kind)."""
     inventory_file = cli_params().get("inventory")
-    if inventory_file and Path(inventory_file).is_file():
-        inventory_file = display(Path(inventory_file))
-    else:
-        inventory_file = None
+    return display(Path(inventory_file)) if inventory_file and Path(inventory_file).is_file() else None
+
+
+def _settings_of_run(state: State) -> Settings:
+    """The validated settings of a pyinfra run's inventory (as the site's data names them: the
+    lock's pins are applied by ``start``)."""
     group_data = tuple(cli_params().get("group_data") or ())
-    return checked_settings(state.inventory, inventory_file, state.cwd, group_data)
+    return checked_settings(state.inventory, _inventory_file(), state.cwd, group_data)
 
 
 # Inventories being checked (their own validate_inventory, run by the check's load, waits) and
@@ -324,9 +341,11 @@ def check_inventory(inventory: str, data: dict[str, Any] | None = None,
         settings = checked_settings(loaded, shown, cwd, group_data)
         # Before connecting: a worker left alone by --limit may not even answer (a new host key).
         refuse_cut_clusters(list(loaded), limited(loaded), settings)
-        return settings
+        return lock.pinned(settings, shown if is_file else None, cwd)  # a lock that cannot be used: refused here
     except SettingsError as exc:
         raise InventorySettingsError(f"bad settings: {exc}") from None
+    except lock.LockError as exc:
+        raise InventorySettingsError(f"bad lock: {exc}") from None
     finally:
         _validating.discard(path)
 

@@ -31,7 +31,7 @@ PLANS_DIR = "/etc/sparkinfra/lanes"
 STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks and restart history (kept over reboots)
 MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
 # lane_ctl's marks, ``MARKS_DIR/<lane>.<name>``
-MARK_NAMES = ("started", "warm", "failures", "stop-reason", "start-reason", "nccl-copies", "trial.env")
+MARK_NAMES = ("started", "warm", "failures", "stop-reason", "start-reason", "nccl-copies", "trial.env", "nccl.env")
 LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
 UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
@@ -82,6 +82,16 @@ def plan_path(lane: str) -> str:
 
 def env_path(lane: str) -> str:
     return f"{PLANS_DIR}/{lane}.env"
+
+
+def nccl_env_path(lane: str) -> str:
+    """
+    The NCCL env file of a lane that changes the node's (its ``nccl_env``): the node's
+    ``NCCL_ENV_FILE`` with the lane's variables set and removed, written by lane_ctl (root-only)
+    right before each ``docker run`` of the rank, and passed instead of the node's file
+    (docker's ``--env-file`` cannot unset a variable). Lost at reboot, written again at the start.
+    """
+    return f"{MARKS_DIR}/{lane}.nccl.env"
 
 
 # Where a lane leaves a file or folder besides the shared runner: ``folder/<prefix><lane><suffix>``.
@@ -173,6 +183,10 @@ class RankPlan:
     liveness_interval: int  # seconds between the head's one-token completions
     check_args: tuple[str, ...] = ()  # container_check.py's: the pinned NCCL, whether RDMA is checked
     nccl_pin: str = ""  # the pinned library, mounted by lane_ctl over every other libnccl.so* in the container
+    nccl_wheel: str = ""  # sha256 of the wheel the site's lock pins it from: a new pin restarts the lane
+    # The lane's nccl_env: the node's NCCL variables it sets (a value) or removes (None), which lane_ctl
+    # applies to NCCL_ENV_FILE in the rank's own file (nccl_env_path); empty: the node's file as it is.
+    nccl_changes: dict[str, str | None] = dataclasses.field(default_factory=dict)
     drop_caches: dict | None = None  # while the weights load: every, at_most (seconds), until (health URL)
     mods: tuple[tuple[str, str], ...] = ()  # (name, digest) of each mod, applied in this order
     liveness_timeout: int = 60  # seconds a liveness completion may take
@@ -222,6 +236,9 @@ class RankPlan:
                                 # beside the check in the container: it compares NCCL builds by identity
                                 "identity": {"script": NCCL_IDENTITY, "mount": NCCL_IDENTITY_IN}},
             "nccl_pin": self.nccl_pin,
+            "nccl_wheel": self.nccl_wheel,
+            "nccl_env": {"node": NCCL_ENV_FILE, "file": nccl_env_path(self.lane), "changes": dict(self.nccl_changes)}
+            if self.nccl_changes else None,
             "drop_caches": self.drop_caches,
             "mods": [{"name": name, "sha256": digest} for name, digest in self.mods],
             "compile_cache": {"root": f"{COMPILE_CACHE}/{self.lane}", "mounts": COMPILE_CACHES},
@@ -273,23 +290,10 @@ def container_command(command: list[str], api_key: bool, mods: list[str] = ()) -
     return ["sh", "-c", WITH_API_KEY, "sparkinfra-api-key", *command] if api_key else command
 
 
-def mod_files(lane: lanes.Lane, mod: str) -> list[tuple[str, Path]]:
-    """(path in the mod's folder, file on the controller) of every file of ``lane``'s mod ``mod``:
-    what the deploy places on each node and what ``mod_digests`` hashes."""
-    folder = lanes.mods_dir(lane) / mod
-    return [(p.relative_to(folder).as_posix(), p) for p in sorted(folder.rglob("*")) if p.is_file()]
-
-
-def mod_digests(lane: lanes.Lane) -> tuple[tuple[str, str], ...]:
-    """(name, sha256 of its files' paths and contents) of each of ``lane``'s mods: a changed mod
-    moves the lane's digest, so the lane restarts with it."""
-    found = []
-    for mod in lane.mods:
-        digest = hashlib.sha256()
-        for relative, path in mod_files(lane, mod):
-            digest.update(f"{relative}\0".encode() + path.read_bytes() + b"\0")
-        found.append((mod, digest.hexdigest()[:16]))
-    return tuple(found)
+def mod_digests(mods: list[lanes.Mod]) -> tuple[tuple[str, str], ...]:
+    """(name, sha256 of its files' paths and contents) of each mod: a changed mod moves the lane's
+    digest, so the lane restarts with it."""
+    return tuple((mod.name, lanes.mod_digest(mod)) for mod in mods)
 
 
 def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[str]:
@@ -297,7 +301,7 @@ def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[
     secret = ["-v", f"{secret_env_path(lane.name)}:{CONTAINER_API_KEY}:ro"] if with_key else []
     return [
         "--network", "host",
-        "--env-file", NCCL_ENV_FILE,
+        "--env-file", nccl_env_path(lane.name) if lane.nccl_env else NCCL_ENV_FILE,  # lane_ctl derives the first
         "--env-file", env_path(lane.name),
         *secret,
         "-v", f"{config.nccl_library}:{config.nccl_library}:ro",
@@ -320,6 +324,7 @@ def _page_cache_dropper(lane: lanes.Lane, config, api_host: str, api_port: int) 
 def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
     """Every rank's plan; all carry the lane's digest."""
     config = cluster.config
+    mods = lanes.lane_mods(lane, dict(cluster.pins))  # groups expanded, in order
     draft = []
     for node in cluster.nodes:
         launch = lanes.launch(lane, cluster, node.rank, gmu=config.gpu_memory_utilization)
@@ -334,8 +339,8 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             container=config.container_name,
             image=launch.image,
             docker_options=tuple(_docker_options(lane, cluster, with_key)),
-            command=tuple(container_command(launch.command, api_key=with_key, mods=lane.mods)),
-            mods=mod_digests(lane),
+            command=tuple(container_command(launch.command, api_key=with_key, mods=[m.name for m in mods])),
+            mods=mod_digests(mods),
             env=_env(lane, cluster, node, launch),
             api_port=lane.api_port or config.api_port,
             served_model_name=lane.served_model_name or lane.model,
@@ -350,6 +355,8 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             drop_caches=_page_cache_dropper(lane, config, "127.0.0.1" if is_head else str(cluster.head.fabric_ip),
                                             lane.api_port or config.api_port),
             nccl_pin=config.nccl_library,
+            nccl_wheel=cluster.pin("nccl") or "",
+            nccl_changes=dict(sorted(lane.nccl_env.items())),
             check_args=("--nccl-version", config.nccl_version, "--nccl-pin", config.nccl_library,
                         *(("--rdma", "--rdma-port", str(cluster.fabric.rdma_port)) if lane.container.rdma else ())),
             # A headless rank has no request to finish, and once rank 0 is gone vLLM's executor

@@ -286,19 +286,15 @@ def _checked(problem: Callable[[str], str | None]) -> AfterValidator:
 EnvName = Annotated[str, Field(pattern=f"^{ENV_NAME}$")]
 EnvValue = Annotated[str, _checked(env_value_problem)]
 
-# The field reports' NCCL environment (seed 004); per-node values are added by prepare.
+# Every lane's NCCL environment: the transport (IB on, no net plugin), what eugr's launcher gives
+# every container (seeds 001 and 002) and the logging verify reads; per-node values are added by
+# prepare. Tuning is a lane's (its nccl_env): seed 001 measured NCCL levers per model, and seed
+# 004's RoCE tuning is quad-nvfp4's.
 DEFAULT_NCCL_ENV = {
     "NCCL_IB_DISABLE": "0",
     "NCCL_NET": "ib",
     "NCCL_NET_PLUGIN": "none",
-    "NCCL_IB_MERGE_NICS": "1",
-    "NCCL_IB_QPS_PER_CONNECTION": "8",
-    "NCCL_IB_SPLIT_DATA_ON_QPS": "1",
-    "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-    "NCCL_NET_GDR_LEVEL": "LOC",
-    "NCCL_CUMEM_ENABLE": "0",
     "NCCL_IGNORE_CPU_AFFINITY": "1",
-    "NCCL_ASYNC_ERROR_HANDLING": "1",
     # every rank's log says its NCCL version, network, HCAs and GID index (sparkinfra.nccl_log)
     "NCCL_DEBUG": "INFO",
     "NCCL_DEBUG_SUBSYS": "INIT,NET",
@@ -360,8 +356,8 @@ class HostSettings(BaseModel):
     # NCCL (deploys/prepare.py renders it to /etc/sparkinfra/nccl.env on every node)
     nccl_env: dict[EnvName, EnvValue] = Field(
         default_factory=lambda: dict(DEFAULT_NCCL_ENV),
-        description="NCCL/transport variables for every lane; per-node ones (GID index, HCAs, "
-        "interfaces, pin) are added.",
+        description="NCCL/transport variables for every lane (a lane's nccl_env sets or removes over them); "
+        "per-node ones (GID index, HCAs, interfaces, pin) are added.",
     )
     nccl_env_overrides: dict[EnvName, EnvValue | None] = Field(
         default_factory=dict,
@@ -420,17 +416,18 @@ class HostSettings(BaseModel):
     )
     model: Annotated[str, _checked(model_id_problem)] = Field("", description="Target model repository id.")
     model_revision: Annotated[str, _checked(revision_problem)] = Field(
-        "main", description="Pinned revision (commit) of the target model."
+        "main", description="Revision of the target model: a commit (40 hex), or a branch or tag the site's lock "
+        "pins to its commit (resolved once where the network is: `python -m sparkinfra.lock`).",
     )
     drafter: Annotated[str, _checked(model_id_problem)] = Field(
         "", description="Drafter model repository id; empty: none."
     )
     drafter_revision: Annotated[str, _checked(revision_problem)] = Field(
-        "main", description="Pinned revision (commit) of the drafter."
+        "main", description="Revision of the drafter: a commit, or a branch or tag the lock pins."
     )
-    allow_branch_revisions: bool = Field(
-        False, description="Let a served lane's model_revision/drafter_revision name a branch or tag (main): "
-        "two stages a week apart may then serve different weights. Off: commits (40 hex) only.",
+    lock_file: str = Field(
+        "", pattern=r"^(\S.*\.ya?ml)?$", description="The site's lock, on the controller (a path from the project "
+        "root); empty: group_data/<cluster>.lock.yaml beside the inventory's group data.",
     )
     hf_token_env: str = Field(
         "HF_TOKEN", pattern=f"^{ENV_NAME}$", description="Controller environment variable holding the Hugging Face token."
@@ -656,7 +653,13 @@ class Cluster(BaseModel):
     name: str
     nodes: tuple[Node, ...]
     fabric: Fabric
-    config: HostSettings  # the cluster-wide keys (every node agrees on them)
+    config: HostSettings  # the cluster-wide keys (every node agrees on them; revisions as the lock pins them)
+    lock_file: str = ""  # the site's lock on the controller (sparkinfra.lock), set when its pins are read
+    pins: tuple[tuple[str, str], ...] = ()  # (entry, pin) of every reference the lock pins (sparkinfra.lock)
+
+    def pin(self, name: str) -> str | None:
+        """The lock's pin of reference ``name`` (``model``, ``recipe/NAME``, ``nccl``...), if locked."""
+        return dict(self.pins).get(name)
 
     @model_validator(mode="after")
     def _check_nodes(self) -> "Cluster":

@@ -182,7 +182,7 @@ def job_for(host, cluster) -> Job:
     revision = dict(transfer.models(cluster)).get(lane.model, "main")
     snapshot = f"{transfer.repo_dir(config.model_dir, lane.model)}/snapshots/{revision}"
     files = host.get_fact(SnapshotFiles, path=snapshot)
-    image = lanes.lane_image(lane, config.image).ref
+    image = lanes.lane_image(lane, config.image, dict(cluster.pins)).ref
     kv_space = next((v for k, v in lane.env.items() if k == "VLLM_CPU_KVCACHE_SPACE"), None)
     switch = lane.thinking.model_dump()  # its chat template's thinking key and values
     meta = Meta(

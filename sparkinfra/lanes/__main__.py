@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from .. import lock
 from ..run import load_files
 from ..settings import SettingsError
 from .eugr import import_eugr
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             return _show(args.inventory, args.data, args.lane)
         lane = import_eugr(args.file)
-    except (LaneError, SettingsError) as exc:
+    except (LaneError, SettingsError, lock.LockError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(f"# Imported from {args.file}; save as lanes/{lane.name}.yaml\n{lane_yaml(lane)}")
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show(inventory: str, data: list[str], name: str | None) -> int:
-    _, settings = load_files(inventory, data)
+    _, settings = load_files(inventory, data, pin=False)  # the site's references, as it names them
     clusters = [c for c in settings.clusters.values() if name or c.config.lane]
     if not clusters:
         print(f"error: no cluster of {inventory} names a lane (give one: show LANE)", file=sys.stderr)
@@ -48,9 +50,13 @@ def _show(inventory: str, data: list[str], name: str | None) -> int:
     refused = False
     for i, cluster in enumerate(clusters):
         lane = find_lane(name or cluster.config.lane)
+        path = lock.lock_path(cluster, inventory, Path.cwd())
+        refs, entries = lock.references(cluster, lane), lock.read(path)
+        cluster = lock.apply(cluster.model_copy(update={"lock_file": str(path)}), lock.pins(refs, entries))
         problems = check_lane(lane, cluster)
         refused = refused or bool(problems)
-        sys.stdout.write(("\n" if i else "") + show(lane, cluster, problems))
+        said = lock.reference_lines(refs, entries, path, inventory)
+        sys.stdout.write(("\n" if i else "") + show(lane, cluster, problems, said))
     return 1 if refused else 0
 
 

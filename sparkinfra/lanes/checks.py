@@ -4,14 +4,13 @@ A lane against a cluster: what keeps it from serving there (nodes, GPUs, models,
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..settings import Cluster
 from .images import lane_image
-from .schema import Lane, LaneError, find_lane, lane_source, mods_dir
+from .mods import ModsNotFetched, lane_mods
+from .schema import Lane, LaneError, find_lane, lane_source
 
-COMMIT = re.compile(r"[0-9a-f]{40}")  # a Hub revision that cannot move
 
 
 def effective_ports(lane: Lane, cluster: Cluster) -> dict[str, int]:
@@ -51,25 +50,17 @@ def check_lane(lane: Lane, cluster: Cluster) -> list[str]:
         problems.append(
             f"{where}: drafter {lane.drafter!r} is not the setting drafter of cluster {cluster.name} ({staged})"
         )
-    if not config.allow_branch_revisions:
-        for key, revision, repo in (("model_revision", config.model_revision, lane.model),
-                                    ("drafter_revision", config.drafter_revision, lane.drafter)):
-            if repo and not COMMIT.fullmatch(revision):
-                problems.append(
-                    f"{where}: {key} {revision!r} of cluster {cluster.name} names a branch or tag, not a commit of "
-                    f"{repo}: two stages a week apart could serve different weights. Pin the commit (40 hex: "
-                    f"huggingface_hub's model_info({repo!r}).sha) or set allow_branch_revisions"
-                )
     if lane.image is not None and not isinstance(lane.image, str):
         try:
             lane_image(lane, config.image)
         except LaneError as exc:
             problems.append(f"{where}: image recipe {lane.image.recipe!r}: {exc}")
-    mods = mods_dir(lane)
-    for i, mod in enumerate(lane.mods):
-        if not (mods / mod / "run.sh").is_file():
-            problems.append(f"{where}: mods[{i}] {mod!r}: no {mods / mod}/run.sh (a mod is a folder "
-                            "with run.sh and its files)")
+    try:
+        lane_mods(lane, dict(cluster.pins))
+    except ModsNotFetched:
+        pass  # the build repository's mods: checked once the converge has fetched them
+    except LaneError as exc:
+        problems.append(str(exc))
     ports = effective_ports(lane, cluster)
     ports_seen: dict[int, str] = {}
     for key, port in ports.items():

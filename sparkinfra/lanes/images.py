@@ -24,7 +24,7 @@ import json
 import re
 import tarfile
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import Annotated, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -53,32 +53,48 @@ class Recipe(BaseModel):
     base: str | None = Field(
         None, min_length=1, description="BASE_IMAGE: the image the Dockerfile starts FROM (pin it by digest).",
     )
-    vllm_ref: str | None = Field(None, pattern=r"^[\w./-]+$", description="VLLM_REF: vLLM's commit or tag.")
+    vllm_ref: str | None = Field(
+        None, pattern=r"^[\w./-]+$", description="VLLM_REF: vLLM's commit, or a branch or tag the lock pins.",
+    )
+    vllm_repository: str = Field(
+        "https://github.com/vllm-project/vllm.git", pattern=r"^(https?://|file:///)\S+$",
+        description="Where vllm_ref and vllm_prs are resolved (the lock pins each PR's head commit).",
+    )
     vllm_prs: list[int] = Field(default_factory=list, description="VLLM_PRS: vLLM pull requests applied on top.")
     wheels: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="WHEELS: wheel files in the folder to install.")
     build_args: dict[str, str] = Field(default_factory=dict, description="Further build arguments.")
     # Or a build repository at a pinned commit, patched, built by its own script.
     repository: str | None = Field(
-        None, pattern=r"^(https://|file:///)\S+$", description="The build repository's git URL.",
+        None, pattern=r"^(https?://|file:///)\S+$", description="The build repository's git URL.",
     )
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="The commit to build (40 hex).")
+    ref: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][\w./-]*$", description="Or a branch or tag: the site's lock pins its commit "
+        "(resolved where the network is, by the first converge or python -m sparkinfra.lock).",
+    )
     patches: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="Patch files in the folder, applied in order.")
     script: list[str] = Field(default_factory=list, description="The build command, run in the checkout.")
     produces: str | None = Field(None, min_length=1, description="The image (name:tag) the script makes.")
+    # Filled from the site's lock (``pinned``), never written in a recipe: each PR's head commit.
+    pr_commits: list[Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_kind(self) -> Recipe:
+        if self.pr_commits:
+            raise _rule("filled from the site's lock (each vllm_prs head commit); remove it", "pr_commits")
         if (self.dockerfile is None) == (self.repository is None):
             raise _rule("give either dockerfile (built here) or repository (built by its own script)")
         if self.dockerfile is not None:
-            for key in ("commit", "produces", "patches", "script"):
+            for key in ("commit", "ref", "produces", "patches", "script"):
                 if getattr(self, key):
                     raise _rule("only for a repository recipe (a Dockerfile applies its own patches)", key)
         else:
-            missing = [k for k in ("commit", "script", "produces") if not getattr(self, k)]
+            if (self.commit is None) == (self.ref is None):
+                raise _rule("give either commit (40 hex) or ref (a branch or tag the lock pins)", "commit")
+            missing = [k for k in ("script", "produces") if not getattr(self, k)]
             if missing:
                 raise _rule(f"a repository recipe needs {', '.join(missing)}")
-            for key in ("base", "vllm_ref", "vllm_prs", "wheels", "build_args"):
+            for key in ("base", "vllm_ref", "vllm_prs", "wheels", "build_args"):  # vllm_repository: a default
                 if getattr(self, key):
                     raise _rule("only for a dockerfile recipe (give them to the script)", key)
         for key, values in (("dockerfile", [self.dockerfile or ""]), ("wheels", self.wheels), ("patches", self.patches)):
@@ -150,25 +166,59 @@ def recipe_digest(folder: Path, recipe: Recipe) -> str:
     return digest.hexdigest()[:16]
 
 
-def lane_image(lane: Lane, default: str) -> Image:
-    """The image ``lane`` runs: its recipe's tag (``sparkinfra/<name>:<digest>``), its reference,
-    else ``default`` (the cluster's ``image``)."""
+def lane_image(lane: Lane, default: str, pins: Mapping[str, str] | None = None) -> Image:
+    """The image ``lane`` runs: its recipe's tag (``sparkinfra/<name>:<digest>``, the digest taken
+    with the lock's ``pins`` in the recipe), its reference (by the locked digest when given by
+    tag), else ``default`` (the cluster's ``image``)."""
+    pins = pins or {}
     if isinstance(lane.image, str):
-        return Image(lane.image)
+        digest = pins.get(f"lane/{lane.name}/image")
+        return Image(f"{lane.image.rpartition(':')[0] or lane.image}@{digest}" if digest and "@" not in lane.image
+                     else lane.image)
     if lane.image is None:
         return Image(default)
     folder = images_dir(lane) / lane.image.recipe
     files = tuple((relative, st.st_size, st.st_mtime_ns, st.st_mode) for relative, p in recipe_files(folder)
                   for st in [p.stat()])
-    return _recipe_image(lane.image.recipe, folder, files)
+    prefix = f"recipe/{lane.image.recipe}"
+    mine = tuple(sorted((k, v) for k, v in pins.items() if k == prefix or k.startswith(prefix + "/")))
+    return _recipe_image(lane.image.recipe, folder, files, mine, default)
 
 
 @functools.lru_cache(maxsize=16)
-def _recipe_image(name: str, folder: Path, files: tuple) -> Image:
+def _recipe_image(name: str, folder: Path, files: tuple, pins: tuple, site_image: str) -> Image:
     # Every rank's plan on every host asks for the lane's image: the recipe is read and its files
     # (wheels of hundreds of MB) hashed once per run, again only when a file's stat changes.
-    recipe = load_recipe(folder)
+    recipe = pinned(load_recipe(folder), name, dict(pins))
     return Image(f"{TAG_PREFIX}{name}:{recipe_digest(folder, recipe)}", recipe, name, folder)
+
+
+def pinned(recipe: Recipe, name: str, pins: Mapping[str, str]) -> Recipe:
+    """``recipe`` as the lock pins it: its build repository's commit, its base's digest, vLLM's
+    commit, and each pull request's head commit (``pr_commits``). Unlocked references stay as
+    they are (``sparkinfra.lock.references`` names them)."""
+    update: dict = {}
+    if recipe.ref and (commit := pins.get(f"recipe/{name}")):
+        update["commit"] = commit
+    if recipe.base and "@" not in recipe.base and (digest := pins.get(f"recipe/{name}/base")):
+        update["base"] = f"{recipe.base.rpartition(':')[0] or recipe.base}@{digest}"
+    if recipe.vllm_ref and (commit := pins.get(f"recipe/{name}/vllm")):
+        update["vllm_ref"] = commit
+    heads = [pins.get(f"recipe/{name}/pr-{pr}") for pr in recipe.vllm_prs]
+    if recipe.vllm_prs and all(heads):
+        update["pr_commits"] = heads
+    return recipe.model_copy(update=update) if update else recipe
+
+
+def awaits_lock(recipe: Recipe, site_image: str = "") -> bool:
+    """Whether ``recipe`` still names something only the lock pins (a branch, a base tag, vLLM's
+    branch, a pull request): its tag is not final until then."""
+    return bool(
+        (recipe.repository and not recipe.commit)
+        or (recipe.base and "@" not in recipe.base and recipe.base != site_image)
+        or (recipe.vllm_ref and not re.fullmatch(r"[0-9a-f]{40}", recipe.vllm_ref))
+        or (recipe.vllm_prs and not recipe.pr_commits)
+    )
 
 
 def build_args(recipe: Recipe) -> list[str]:
@@ -177,6 +227,8 @@ def build_args(recipe: Recipe) -> list[str]:
         "BASE_IMAGE": recipe.base,
         "VLLM_REF": recipe.vllm_ref,
         "VLLM_PRS": " ".join(str(pr) for pr in recipe.vllm_prs) or None,
+        "VLLM_PR_COMMITS": " ".join(recipe.pr_commits) or None,
+        "VLLM_REPOSITORY": recipe.vllm_repository if recipe.vllm_ref or recipe.vllm_prs else None,
         "WHEELS": " ".join(recipe.wheels) or None,
     }
     return [f"{k}={v}" for k, v in {**{k: v for k, v in named.items() if v}, **recipe.build_args}.items()]
@@ -190,7 +242,11 @@ def build_command_args(image: Image) -> list[str]:
     if recipe is None:
         raise ValueError(f"{image.ref} has no recipe")
     if recipe.dockerfile:
+        if recipe.vllm_prs and not recipe.pr_commits:
+            raise ValueError(f"recipe {image.name}: vllm_prs {recipe.vllm_prs} are not locked (sparkinfra.lock)")
         return ["dockerfile", recipe.dockerfile, *build_args(recipe)]
+    if not recipe.commit:
+        raise ValueError(f"recipe {image.name}: ref {recipe.ref} is not locked to a commit (sparkinfra.lock)")
     return [
         "repository", str(recipe.repository), str(recipe.commit), str(recipe.produces),
         str(len(recipe.patches)), *recipe.patches, *recipe.script,

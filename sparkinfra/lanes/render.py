@@ -90,7 +90,7 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
         # Ray forwards every rank's lines to the head's log, but folds lines that differ only in
         # numbers ("world_size=2 rank=1" into rank 0's): the start-up checks read each rank's own.
         env = {"RAY_DEDUP_LOGS": "0", **env}
-    image = lane_image(lane, config.image).ref
+    image = lane_image(lane, config.image, dict(cluster.pins)).ref
 
     store = f"--object-store-memory={int(lane.ray_object_store_gb * 2**30)}"
     if lane.launch == "ray" and rank > 0:

@@ -210,11 +210,20 @@ class Lane(BaseModel):
     serve: dict[str, Any] = Field(default_factory=dict, description="Further `vllm serve` settings.")
     speculative: dict[str, Any] | None = Field(None, description="Speculative config; `model` comes from drafter.")
     env: dict[str, str] = Field(default_factory=dict, description="Lane environment; {rank} {fabric_ip} {head_ip}.")
+    nccl_env: dict[str, str | None] = Field(
+        default_factory=dict, description="NCCL variables this lane sets (a value) or removes (null) over the "
+        "cluster's NCCL environment (nccl_env, nccl_env_overrides and what prepare found on each node).",
+    )
     image_flags: list[str] = Field(default_factory=list, description="Flags only the lane's image knows.")
     container: Container = Field(default_factory=Container)
     mods: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = Field(
-        default_factory=list, description="Mods (eugr v1: a folder mods/<name>/ with run.sh and its files, next "
-        "to the lane's lanes/ folder), applied in order in every rank's container before its command."
+        default_factory=list, description="Mods (eugr v1: a folder mods/<name>/ with run.sh and its files, or a "
+        "mod group: a folder with mod-group.yaml naming other mods), applied in order in every rank's container "
+        "before its command (and before the head's in-image validation)."
+    )
+    mods_from: Literal["project", "image"] = Field(
+        "project", description="Where `mods` are: project (mods/ next to the lane's lanes/ folder) or image (the "
+        "mods/ folder of the lane's image recipe's build repository, at its locked commit).",
     )
     warmup: list[Warmup] = Field(default_factory=list)
     thinking: Thinking = Field(default_factory=Thinking, description="The bench's thinking switch.")
@@ -263,6 +272,24 @@ class Lane(BaseModel):
                         f"placeholder {{{name}}} is not allowed (only {', '.join('{%s}' % p for p in PLACEHOLDERS)})",
                         "env", key,
                     )
+        for key, value in self.nccl_env.items():
+            if not re.fullmatch(r"NCCL_[A-Z0-9_]+", key):
+                why = ("not an NCCL variable (NCCL_ and capitals, digits, '_'): nccl_env changes the cluster's NCCL "
+                       "environment; a lane's other variables go in env")
+                raise _rule(why, "nccl_env", key)
+            if key in self.env:
+                raise _rule("also set in env: give it once, here (two env files giving one variable: "
+                            "which one the container keeps is docker's choice)", "nccl_env", key)
+            if value is None:
+                continue  # removed from the node's NCCL environment in this lane's containers
+            if "$" in value:
+                raise _rule("values are passed as they are (no shell expansion): remove the '$'", "nccl_env", key)
+            if any(ord(char) < 32 or ord(char) == 127 for char in value):
+                raise _rule("a control character (a line break?): an env file holds one variable a line",
+                            "nccl_env", key)
+            if PLACEHOLDER_RE.search(value):
+                raise _rule("no placeholders in nccl_env: the same on every rank (what differs per node, the HCAs "
+                            "and the GID index, is read there by prepare)", "nccl_env", key)
         for i, flag in enumerate(self.image_flags):
             if not re.fullmatch(r"--?[A-Za-z][A-Za-z0-9_.-]*", flag):
                 raise _rule(f"{flag!r} is not a flag (e.g. --attention-backend)", "image_flags", i)

@@ -16,7 +16,8 @@ from .. import serving
 from ..operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_env, nccl_variables, upload_identity
 from ..settings import Cluster
 from .checks import check_lane
-from .images import lane_image
+from .images import awaits_lock, lane_image
+from .mods import ModsNotFetched, lane_mods
 from .schema import Lane, LaneError
 
 # A variable whose name says it holds a credential is shown masked.
@@ -39,38 +40,67 @@ CACHE_NOTE = (
 )
 
 
-def image_line(lane: Lane, default: str) -> str:
+def image_line(lane: Lane, default: str, pins: dict[str, str] | None = None) -> str:
     """How the lane's image reaches the nodes: built from its recipe, pulled, or the cluster's."""
     try:
-        image = lane_image(lane, default)
+        image = lane_image(lane, default, pins)
     except LaneError:
         return "image: its recipe is refused (above)"
-    if image.recipe and image.recipe.dockerfile:
-        base = f" on {image.recipe.base}" if image.recipe.base else ""
-        how = f"built on the head from images/{image.name}/{image.recipe.dockerfile}{base}"
-    elif image.recipe:
-        how = (f"built on the head by {' '.join(image.recipe.script)} in {image.recipe.repository} at "
-               f"{str(image.recipe.commit)[:12]} ({len(image.recipe.patches)} patches)")
+    recipe = image.recipe
+    if recipe and recipe.dockerfile:
+        base = f" on {recipe.base}" if recipe.base else ""
+        vllm = f", vLLM {recipe.vllm_ref}" if recipe.vllm_ref else ""
+        prs = f" with PRs {', '.join(f'#{pr}' for pr in recipe.vllm_prs)}" if recipe.vllm_prs else ""
+        how = f"built on the head from images/{image.name}/{recipe.dockerfile}{base}{vllm}{prs}"
+    elif recipe:
+        at = str(recipe.commit)[:12] if recipe.commit else f"{recipe.ref} (its commit: see the lock below)"
+        how = (f"built on the head by {' '.join(recipe.script)} in {recipe.repository} at {at} "
+               f"({len(recipe.patches)} patches: {', '.join(recipe.patches) or 'none'})")
     elif isinstance(lane.image, str):
-        how = "pulled on the head" if "@sha256:" in image.ref else "on the head already (a tag is not pulled)"
+        how = "pulled on the head by digest" if "@sha256:" in image.ref else "pulled by the digest the lock pins"
     else:
         how = "the cluster's image"
-    return f"image {image.ref}: {how}, then streamed to every worker by image ID"
+    needs = f"; {recipe.description}" if recipe and recipe.description else ""
+    ref = image.ref
+    if recipe and awaits_lock(recipe, default):
+        ref = f"{ref.rpartition(':')[0]}:<the digest of the recipe as the lock pins it>"
+    return f"image {ref}: {how}, then streamed to every worker by image ID{needs}"
 
 
-def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str:
+def mod_lines(lane: Lane, cluster: Cluster) -> tuple[list[str], bool]:
+    """The lane's mods as each rank applies them (groups expanded), and whether they are still to be
+    fetched (a build repository's, not locked or not fetched on this controller yet)."""
+    if not lane.mods:
+        return [], False
+    where = "the project's mods/" if lane.mods_from == "project" else "its image's build repository"
+    try:
+        mods = lane_mods(lane, dict(cluster.pins))
+    except ModsNotFetched as exc:
+        return [f"mods {', '.join(lane.mods)} from {where}: expanded by the converge that fetches them ({exc})"], True
+    except LaneError:
+        return ["mods: refused (above)"], True
+    return [f"mods from {where}, applied in this order before each rank's command and the head's vLLM check: "
+            + ", ".join(m.name for m in mods)], False
+
+
+def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked: list[str] = ()) -> str:
     """The text of ``python -m sparkinfra.lanes show`` for ``lane`` on ``cluster``, headed by what would
-    make a converge refuse it (``problems``; by default ``check_lane``'s)."""
+    make a converge refuse it (``problems``; by default ``check_lane``'s) and by what the site's lock
+    pins (``locked``: ``lock.reference_lines``)."""
     config = cluster.config
     problems = check_lane(lane, cluster) if problems is None else problems
-    plans = serving.rank_plans(lane, cluster)
+    mods, unfetched = mod_lines(lane, cluster)
+    # Mods a converge fetches first are left out of the plans shown (their digests are not known yet).
+    plans = serving.rank_plans(lane.model_copy(update={"mods": []}) if unfetched else lane, cluster)
     revisions = [f"model {config.model} @ {config.model_revision}" if config.model else "model: none set (settings: model)"]
     if config.drafter:
         revisions.append(f"drafter {config.drafter} @ {config.drafter_revision}")
     out = [
         f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {plans[0].digest}",
         "  " + "; ".join(revisions),
-        "  " + image_line(lane, config.image),
+        "  " + image_line(lane, config.image, dict(cluster.pins)),
+        *("  " + line for line in mods),
+        *("  " + line for line in locked),
         "  nothing was connected: what depends on a node (its twin, HCAs, GID rows) is read there by the deploys",
         *(f"  REFUSED by a converge: {problem}" for problem in problems),
     ]
@@ -87,12 +117,28 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None) -> str
         if plan.nccl_pin:
             out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=serving.plan_path(lane.name))]
         out += ["  " + CACHE_NOTE.format(image=CACHE_IMAGE)]
-        out += _env_file(NCCL_ENV_FILE, nccl)
+        out += nccl_lines(plan, nccl)
         out += _env_file(serving.env_path(lane.name), plan.env)
         if plan.api_key_file:
             out += [f"  {plan.api_key_file} (root only, mounted at {serving.CONTAINER_API_KEY}):",
                     f"      VLLM_API_KEY=<${config.api_key_env} of the controller: not shown>"]
     return "\n".join(out) + "\n"
+
+
+def nccl_lines(plan: serving.RankPlan, nccl: dict[str, str]) -> list[str]:
+    """The rank's NCCL env file: the node's (``nccl``), or, where the lane changes it (``nccl_env``),
+    the changes and the file the runner writes from the node's with them (what the container gets)."""
+    changes = plan.nccl_changes
+    if not changes:
+        return _env_file(NCCL_ENV_FILE, nccl)
+    sets = [f"{k}={_masked(k, v)}" for k, v in changes.items() if v is not None]
+    removed = [k for k, v in changes.items() if v is None]
+    said = [*(["set " + ", ".join(sets)] if sets else []), *(["removed " + ", ".join(removed)] if removed else [])]
+    mine = {k: v for k, v in nccl.items() if k not in changes}
+    mine.update({k: v for k, v in changes.items() if v is not None})
+    return [f"  the lane's NCCL changes (nccl_env): {'; '.join(said)}",
+            *_env_file(f"{serving.nccl_env_path(plan.lane)} (root only; the runner writes it before each start: "
+                       f"{NCCL_ENV_FILE} with those changes)", mine)]
 
 
 def twin_lines(cluster: Cluster, fabric_ip) -> list[str]:
@@ -151,6 +197,10 @@ def _paired(words: list[str]) -> list[str]:
     return lines
 
 
+def _masked(name: str, value: str) -> str:
+    return "<not shown>" if SECRET_NAME.search(name) and value else value
+
+
 def _env_file(path: str, env: dict[str, str]) -> list[str]:
-    shown = [f"      {k}={'<not shown>' if SECRET_NAME.search(k) and v else v}" for k, v in sorted(env.items())]
+    shown = [f"      {k}={_masked(k, v)}" for k, v in sorted(env.items())]
     return [f"  {path}:", *shown]

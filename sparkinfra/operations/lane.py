@@ -135,7 +135,7 @@ CHECK_CONTAINER = "sparkinfra-vllm-check"  # lane_validated's throwaway containe
 
 
 @operation()
-def lane_validated(lane: str, image: str, request: dict, docker_options: list[str]):
+def lane_validated(lane: str, image: str, request: dict, docker_options: list[str], mods: list[tuple[str, str]] = ()):
     """
     Ensure the lane's serve arguments of every rank passed the vLLM inside the lane's image (its own
     parser, ``validate_parsed_serve_args``, and ``create_engine_config`` against the staged model),
@@ -145,12 +145,14 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     + image: the lane's image (on this node, the head)
     + request: what ``scripts/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
     + docker_options: ``docker run`` options giving the check the lane's mounts and environment
+    + mods: (name, digest) of the lane's mods, applied first in this order as a rank's start does
+      (a flag a mod registers is then known to the parser)
     """
 
     image_id = gathered(host, DockerImageId, image=image) or "absent"
     check = scripts.text("vllm_check.py")
     request = json.dumps(request, sort_keys=True)
-    key = hashlib.sha256(f"{image_id}\n{request}\n{check}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{image_id}\n{request}\n{check}\n{json.dumps(list(mods))}".encode()).hexdigest()[:16]
     marker = serving.validated_path(lane)
     if gathered(host, FileDigest, path=marker) == key:
         host.noop(f"{lane}'s arguments passed the image's vLLM")
@@ -159,21 +161,19 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     yield StringCommand("mkdir", "-p", "-m", "700", serving.STATE_DIR)
     yield from files.put._inner(src=io.StringIO(check), dest=script, mode="644")
     yield FunctionCommand(lambda state, host: put_private(host, request, data), (), {})  # 0600 from its first byte
+    yield serving.runner(lane, "nccl-env")  # the lane's NCCL env file, which docker_options may name
     # Named, so a converge killed during the check leaves nothing the next one does not remove.
     yield StringCommand("docker", "rm", "-f", CHECK_CONTAINER, ">/dev/null", "2>&1", "||", "true")
+    # The mods' own lines go to the output before the check's report, its last line.
+    apply = ["sh", serving.CONTAINER_APPLY_MODS, serving.CONTAINER_MODS, *(name for name, _ in mods), "--"] if mods else []
     run = " ".join(
-        ["docker", "run", "--rm", "-i", "--name", CHECK_CONTAINER, "--entrypoint", "python3",
+        ["docker", "run", "--rm", "-i", "--name", CHECK_CONTAINER, "--entrypoint", apply[0] if apply else "python3",
          "-v", f"{script}:/tmp/vllm_check.py:ro",
-         *[shlex.quote(o) for o in docker_options], shlex.quote(image), "/tmp/vllm_check.py"]
+         *[shlex.quote(o) for o in docker_options], shlex.quote(image),
+         *[shlex.quote(a) for a in apply[1:]], *(["python3"] if apply else []), "/tmp/vllm_check.py"]
     )
-    report = (
-        "import json,sys; r=json.loads(sys.stdin.read() or '{}'); "
-        "ok=r.get('ok'); print(('vLLM ' + str(r.get('vllm')) + ' accepts every rank') if ok else "
-        "(('vLLM ' + str(r.get('vllm')) + ' refuses rank ' + str(r.get('rank'))) if r.get('rank') is not None "
-        "else \"the image's vLLM cannot check the lane\") + ': ' + str(r.get('error')), "
-        "file=sys.stdout if ok else sys.stderr); sys.exit(0 if ok else 1)"
-    )
-    yield f"{run} < {data} | python3 -c {shlex.quote(report)} && echo {key} > {marker}"
+    report = shlex.quote(scripts.text("check_report.py"))
+    yield f"{run} < {data} | python3 -c {report} && echo {key} > {marker}"
 
 
 @operation()

@@ -126,7 +126,8 @@ def fetched_from(record: dict | None, project: str, version: str) -> bool:
 
 
 @operation()
-def nccl_fetched(path: str, index: str, project: str, version: str, record: str = NCCL_PIN_RECORD):
+def nccl_fetched(path: str, index: str, project: str, version: str, wheel_sha256: str = "",
+                 record: str = NCCL_PIN_RECORD):
     """
     Ensure the head holds the pin: ``libnccl.so.2`` from the wheel of ``project`` at ``version``
     for this node's platform, fetched once from ``index`` (``scripts/nccl_fetch.py``: its sha256
@@ -135,11 +136,13 @@ def nccl_fetched(path: str, index: str, project: str, version: str, record: str 
     + path: the library (``nccl_library``)
     + index: the package index, PEP 503 (``https://pypi.org/simple``)
     + project, version: the wheel (``nvidia-nccl-cu13``, ``2.30.7``)
+    + wheel_sha256: the wheel the site's lock pins (``sparkinfra.lock``'s ``nccl``); empty: the index's
     + record: where its identity is recorded
     """
     pin = gathered(host, NcclPin, path=path, record=record)
+    wheel = ((pin["record"] or {}).get("source") or {}).get("wheel_sha256")
     if pin["sha256"] and pin["sha256"] == (pin["record"] or {}).get("sha256") and fetched_from(
-            pin["record"], project, version):
+            pin["record"], project, version) and (not wheel_sha256 or wheel == wheel_sha256):
         host.noop(f"{path} is {project} {version} (sha256 {pin['sha256'][:12]})")
         return
     for name, dest in ((NCCL_IDENTITY_SCRIPT, NCCL_IDENTITY), ("nccl_fetch.py", NCCL_FETCH)):
@@ -147,7 +150,7 @@ def nccl_fetched(path: str, index: str, project: str, version: str, record: str 
     yield shown(StringCommand(
         "python3", NCCL_FETCH, "--index", QuoteString(index), "--project", QuoteString(project),
         "--version", QuoteString(version), "--machine", '"$(uname -m)"', "--dest", QuoteString(path),
-        "--record", QuoteString(record),
+        "--record", QuoteString(record), *(("--wheel-sha256", wheel_sha256) if wheel_sha256 else ()),
     ))
 
 

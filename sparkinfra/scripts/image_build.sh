@@ -74,7 +74,13 @@ repository)
     [ -d "$src/.git" ] || git init -q "$src" || fail "cannot create $src"
     cd "$src"
     if ! git cat-file -e "$commit^{commit}" 2> /dev/null; then
-        git fetch -q --depth 1 "$url" "$commit" || fail "cannot fetch $commit from $url"
+        # By id first; a server that does not serve a commit by id (git's dumb HTTP, an old
+        # server without uploadpack.allowReachableSHA1InWant): every branch and tag.
+        git fetch -q --depth 1 "$url" "$commit" 2> /dev/null ||
+            git fetch -q "$url" '+refs/heads/*:refs/remotes/build/*' '+refs/tags/*:refs/tags/*' ||
+            fail "cannot fetch from $url"
+        git cat-file -e "$commit^{commit}" 2> /dev/null ||
+            fail "$url has no commit $commit (force-pushed away? move the lock: python -m sparkinfra.lock)"
     fi
     git checkout -q --force --detach "$commit" || fail "cannot check out $commit"
     git clean -q -f -d -x

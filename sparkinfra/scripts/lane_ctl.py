@@ -15,6 +15,10 @@ its parts (start order, watch, liveness, trials, status) cannot be modules of th
                                   (the NCCL pin as libraries load it, RDMA devices, the GID row)
     lane_ctl.py copies PLAN       the libnccl.so* files of this rank's container that the pin is mounted
                                   over (found once per image ID and mounts, then kept in the marks)
+    lane_ctl.py nccl-env PLAN     the NCCL env file of a lane that changes the node's (the plan's
+                                  nccl_env: the node's file, the lane's variables set and removed)
+                                  written root-only, its path printed; every docker run of the rank
+                                  writes it first (docker's --env-file cannot unset a variable)
     lane_ctl.py run PLAN          ExecStart: the rank's container; on the head also the lane's watch:
                                   a worker unit that is not active, or an API that stops answering a
                                   one-token completion, stops the head (its unit restarts the lane);
@@ -267,6 +271,7 @@ def nccl_copies(p: dict) -> list[str]:
         found = json.loads(kept.read_text())
         if found.get("key") == key:
             return found["paths"]
+    write_nccl_env(p)  # the options name it
     done = check_script(p, "find", p["docker_options"], "--find-nccl")
     if done.returncode != 0:
         raise RuntimeError(f"listing the libnccl copies of {p['image']} failed: {done.stderr.strip()[-300:]}")
@@ -290,9 +295,83 @@ def check_script(p: dict, purpose: str, options: list[str], *args: str) -> subpr
 
 def rank_options(p: dict) -> list[str]:
     """The rank's ``docker run`` options: the plan's, then the pin mounted read-only over every
-    other ``libnccl.so*`` its container holds (``LD_PRELOAD`` reaches only what loads by name)."""
+    other ``libnccl.so*`` its container holds (``LD_PRELOAD`` reaches only what loads by name).
+    The lane's NCCL env file, which the options name, is written first (``write_nccl_env``)."""
+    write_nccl_env(p)
     pin = p.get("nccl_pin") or ""
     return [*p["docker_options"], *(x for path in nccl_copies(p) for x in ("-v", f"{pin}:{path}:ro"))]
+
+
+# The rank's NCCL environment
+# ---------------------------
+
+
+def nccl_env_text(node_text: str, changes: dict, lane: str = "", node: str = "") -> str:
+    """
+    The node's NCCL env file (``node_text``) with a lane's ``changes``: a variable with a value set
+    (on its own line, else appended), one with None removed (every line of it), every other line
+    as it is. Lines read as docker's ``--env-file`` reads them (leading blanks skipped; blank and
+    ``#`` lines hold no variable).
+    """
+    out = [f"# Written by lane_ctl.py before each start of lane {lane}: {node or 'the node file'} with the lane's "
+           f"nccl_env ({nccl_changes_text(changes)})"]
+    done = set()
+    for line in node_text.splitlines():
+        text = line.lstrip()
+        name = text.split("=", 1)[0]
+        if not text or text.startswith("#") or name not in changes:
+            out.append(line)
+        elif changes[name] is not None and name not in done:
+            out.append(f"{name}={changes[name]}")
+            done.add(name)
+    out += [f"{name}={value}" for name, value in changes.items() if value is not None and name not in done]
+    return "\n".join(out) + "\n"
+
+
+def nccl_changes_text(changes: dict) -> str:
+    """A lane's NCCL changes in words: ``set A=1, B=2; removed C``."""
+    sets = [f"{name}={value}" for name, value in changes.items() if value is not None]
+    removed = [name for name, value in changes.items() if value is None]
+    said = (["set " + ", ".join(sets)] if sets else []) + (["removed " + ", ".join(removed)] if removed else [])
+    return "; ".join(said)
+
+
+def write_nccl_env(p: dict) -> str:
+    """
+    The NCCL env file of the plan's ``nccl_env`` (a lane that changes the node's): the node's file
+    with the lane's changes, written root-only from its first byte (replaced whole: a ``docker run``
+    reading it at the same time reads the old or the new); '' without changes (the options name the
+    node's file). Raises RuntimeError when the node's file cannot be read (prepare writes it).
+    """
+    spec = p.get("nccl_env")
+    if not spec:
+        return ""
+    try:
+        node_text = Path(spec["node"]).read_text()
+    except OSError as exc:
+        raise RuntimeError(f"the node's NCCL environment {spec['node']} cannot be read ({exc.strerror}): "
+                           "deploys/prepare.py writes it") from None
+    target = Path(spec["file"])
+    part = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        write_private(part, nccl_env_text(node_text, spec["changes"], p["lane"], spec["node"]))
+        os.replace(part, target)
+    except OSError as exc:
+        raise RuntimeError(f"the lane's NCCL environment {target} cannot be written ({exc.strerror})") from None
+    finally:
+        part.unlink(missing_ok=True)
+    return str(target)
+
+
+def cmd_nccl_env(path: str) -> int:
+    try:
+        written = write_nccl_env(plan(path))
+    except RuntimeError as exc:
+        say(str(exc))
+        return 1
+    if written:
+        print(written, flush=True)
+    return 0
 
 
 def cmd_copies(path: str) -> int:
@@ -694,6 +773,9 @@ def cmd_run(path: str) -> int:
     except RuntimeError as exc:
         say(str(exc))
         return 1
+    if p.get("nccl_env"):
+        say(f"NCCL environment: {p['nccl_env']['node']} with the lane's nccl_env "
+            f"({nccl_changes_text(p['nccl_env']['changes'])}), in {p['nccl_env']['file']}")
     Path(p["marks_dir"]).mkdir(parents=True, exist_ok=True)
     write_private(mark(p, "started"), json.dumps({"digest": p["digest"], "at": time.time(), "api_key": key_stamp(p)}))
     mark(p, "warm").unlink(missing_ok=True)
@@ -1156,6 +1238,8 @@ def main(argv: list[str]) -> int:
         return cmd_check(path)
     if command == "copies":
         return cmd_copies(path)
+    if command == "nccl-env":
+        return cmd_nccl_env(path)
     if command == "restart" and len(argv) == 3:
         return cmd_restart(path, argv[2])
     if command == "history" and (len(argv) == 2 or (len(argv) == 3 and argv[2].isdigit())):

@@ -1,11 +1,14 @@
 """
+Over 400 lines: the index's two page forms, the platform's wheel, the download with its progress,
+and the checks of the pin (the index's and the lock's sha256, the library's identity) are one fetch.
+
 Runs ON the head (stdlib only, python3 >= 3.8; ``nccl_identity.py`` must be in the same folder):
 fetch the pinned NCCL build once from a Python package index, as the wheel that carries it
 (``nvidia-nccl-cu13`` holds ``nvidia/nccl/lib/libnccl.so.2``), and record which build it is.
 
     python3 nccl_fetch.py --index https://pypi.org/simple --project nvidia-nccl-cu13 --version 2.30.7 \\
         --machine aarch64 --dest /opt/nccl/lib/libnccl.so.2 --record /etc/sparkinfra/nccl-pin.json \\
-        [--token-file F]
+        [--token-file F] [--wheel-sha256 HEX]
 
 - The project page ``INDEX/NAME/`` (PEP 503 HTML, or PEP 691 JSON) names the wheels; the one of
   exactly that version for ``manylinux…_MACHINE`` (or ``linux_MACHINE``) is taken, the lowest
@@ -16,6 +19,8 @@ fetch the pinned NCCL build once from a Python package index, as the wheel that 
   (sha256 and build-id of the .so).
 - Already there (the record's version, project and platform match, and ``--dest`` has the
   record's sha256): ``already fetched``, nothing asked of the network.
+- ``--wheel-sha256``: the wheel the site's lock pins; the index offering another for that version
+  and platform is refused (exit 4), and a recorded build of another wheel is fetched again.
 - ``--token-file``: its token goes to the index's own host only (``user:password`` as Basic,
   else Bearer); it is never printed.
 
@@ -323,9 +328,23 @@ def already_fetched(args):
         return False
 
 
+def _pinned_wheel(args):
+    """Whether the recorded wheel is the one ``--wheel-sha256`` pins (any, without it)."""
+    if not args.wheel_sha256:
+        return True
+    try:
+        with open(args.record) as f:
+            return (json.load(f).get("source") or {}).get("wheel_sha256") == args.wheel_sha256
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def fetch(args, token, every):
     files, page = project_page(args.index, args.project, token)
     name, url, expected = choose(files, args.project, args.version, args.machine, page)
+    if args.wheel_sha256 and (expected or "").lower() != args.wheel_sha256:
+        raise Refused(f"nccl: {page} now offers {name} with sha256 {expected or 'unknown'}, the site's lock pins "
+                      f"{args.wheel_sha256}: refused (python -m sparkinfra.lock INVENTORY --update nccl moves the pin)", 4)
     folder = os.path.dirname(os.path.abspath(args.dest))
     _makedirs(folder)
     fd, wheel_path = tempfile.mkstemp(dir=folder, prefix=".nccl-wheel-", suffix=".whl")
@@ -367,12 +386,13 @@ def main(argv):
     parser.add_argument("--dest", required=True)
     parser.add_argument("--record", required=True)
     parser.add_argument("--token-file")
+    parser.add_argument("--wheel-sha256", default="", help="the wheel the site's lock pins (64 hex): no other is taken")
     args = parser.parse_args(argv)
     if nccl_identity is None:
         print(f"nccl: nccl_identity.py is not beside nccl_fetch.py in {os.path.dirname(os.path.abspath(__file__))}",
               file=sys.stderr, flush=True)
         return 1
-    if already_fetched(args):
+    if already_fetched(args) and _pinned_wheel(args):
         print(f"nccl: already fetched: {args.dest} is libnccl.so.2 {args.version} of {args.record}", flush=True)
         return 0
     try:

@@ -38,6 +38,11 @@ def test_first_converge_prepares_every_node(prepared):
     assert any("The head holds nvidia-nccl-cu13 2.30.7" in op for op in head), head
     assert any("Every worker holds the head's /opt/nccl/lib/libnccl.so.2" in op for op in head), head
     assert simbed.nccl_index_downloads() == 1
+    # The lock (a fresh bed's: none yet): the model's main and the wheel, resolved on the head, written.
+    assert f"--> lock: sim: pinned model: sparkbed/tiny-llama main -> {simbed.SIM_REVISION}" in first.stderr, \
+        first.stderr[-3000:]
+    assert re.search(r"^--> lock: sim: pinned nccl: \S+ 2\.30\.7 -> [0-9a-f]{64}", first.stderr, re.M), first.stderr[-3000:]
+    assert "model:\n  source: sparkbed/tiny-llama\n  ref: main\n" in simbed.lock_path("sim").read_text()
     assert any("Fabric SSH key" in op for op in first.changed["spark-1"])
     assert any("authorized for spark2" in op for op in first.changed["spark-2"])
     for host in HOSTS:  # the bed's gpu_clock_cap, through its nvidia-smi stand-in
@@ -50,6 +55,7 @@ def test_second_converge_changes_nothing_and_fetches_nothing(prepared):
     again = bed.converge(INV, DEPLOY)
     assert again.changes == {h: 0 for h in HOSTS}, again.changed
     assert simbed.nccl_index_downloads() == 1
+    assert "--> lock:" not in again.stderr  # the lock pins everything: nothing resolved
 
 
 def test_the_pin_is_the_wheels_library_on_every_node(prepared):

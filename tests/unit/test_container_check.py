@@ -276,7 +276,8 @@ def test_every_rank_of_a_lane_using_rdma_checks_it(tmp_path):
     """The plan hands the check its arguments: the pin, and RDMA only where the lane uses it."""
     cluster = load_cluster(tmp_path, {"model": "Sebesky/MiniMax-M3-W4A16-GPTQ",
                                       "drafter": "Sebesky/MiniMax-M3-EAGLE3-RTN-INT4"})
-    for plan in serving.rank_plans(find_lane("pair-a-balanced"), cluster):
+    lane = find_lane("pair-a-balanced").model_copy(update={"mods": []})  # its build repository's: not fetched here
+    for plan in serving.rank_plans(lane, cluster):
         check = plan.runner_plan()["container_check"]
         assert check["args"] == ["--nccl-version", cluster.config.nccl_version, "--nccl-pin", cluster.config.nccl_library,
                                  "--rdma", "--rdma-port", "1"]

@@ -7,10 +7,14 @@ The client runs in a subprocess (it reads ``HF_ENDPOINT`` at import), with this 
 one ``HUB_CLIENT_PYTHON`` names: e.g. a venv holding ``huggingface_hub<1`` to check the 0.x client
 that older nodes may have. The server's request log (stderr, read with ``capfd``) shows what the
 client asked for.
+
+And its git server against the real ``git`` client: a bare repository of two commits, listed,
+cloned and fetched over the smart and the dumb HTTP protocols, as a repository recipe's build does.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.client
 import json
@@ -332,17 +336,19 @@ def test_model_info_with_files_metadata_gives_each_files_size(start, flag):
     assert status == 401  # the same gate as every request
 
 
-def test_command_line_serves_until_sigterm(root, tmp_path):
+def test_command_line_serves_until_sigterm(root, tmp_path, git_root):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     proc = subprocess.Popen([sys.executable, "-m", "sparkbed.hub", "--root", str(root), "--host", "127.0.0.1",
-                             "--port", "0", "--token-file", str(token_file)], stderr=subprocess.PIPE, text=True)
+                             "--port", "0", "--token-file", str(token_file), "--git", str(git_root[0])],
+                            stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()
         endpoint = re.search(r"http://127\.0\.0\.1:\d+", first).group(0)
         status, _, body = request(endpoint, "GET", f"/{REPO}/resolve/main/config.json",
                                {"Authorization": f"Bearer {TOKEN}"})
         assert (status, body) == (200, FILES["config.json"])
+        assert git("ls-remote", f"{endpoint}/git/x.git", "main").split() == [git_root[2], "refs/heads/main"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         log = first + proc.stderr.read()
@@ -350,3 +356,144 @@ def test_command_line_serves_until_sigterm(root, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# The git server
+# --------------
+
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t.invalid"}
+DUMB_SHALLOW = "dumb http transport does not support shallow capabilities"
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="no git")
+
+
+def git(*args: str, cwd: Path | None = None, check: bool = True, **env: str) -> str:
+    """The git client, with no proxy and no user or system config; its stdout (stderr too when ``check`` is off)."""
+    clean = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("GIT_")}
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env={**clean, **GIT_ENV, **env})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+    return proc.stdout + proc.stderr + f"\nrc={proc.returncode}"
+
+
+@pytest.fixture
+def git_root(tmp_path) -> tuple[Path, str, str]:
+    """``git/x.git``: a bare repository whose ``main`` has two commits, its server info current;
+    (the folder, the first commit, the second)."""
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    work = tmp_path / "work"
+    git("init", "-q", "-b", "main", str(work))
+    (work / "build.sh").write_text("#!/bin/sh\necho one\n")
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "one", cwd=work)
+    (work / "build.sh").write_text("#!/bin/sh\necho two\n")
+    git("commit", "-q", "-am", "two", cwd=work)
+    first, second = git("rev-list", "main", cwd=work).split()[::-1]
+    bare = tmp_path / "git" / "x.git"
+    git("clone", "-q", "--bare", str(work), str(bare))
+    git("--git-dir", str(bare), "update-server-info")
+    return tmp_path / "git", first, second
+
+
+@pytest.fixture
+def git_server(root, git_root):
+    """``serve(smart)``: a hub serving ``git_root`` (``smart``: git http-backend too); the repository's URL."""
+    servers = []
+
+    def _serve(smart: bool = True) -> str:
+        server = hub.serve(root, "127.0.0.1", 0, token=TOKEN, git=git_root[0], git_smart=smart)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/git/x.git"
+
+    yield _serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("smart", [True, False], ids=["smart", "dumb"])
+def test_git_lists_clones_and_fetches_a_commit_by_id(git_server, git_root, tmp_path, smart, capfd):
+    """Never gated (a public build repository); over either protocol ``ls-remote`` names ``main``'s
+    commit, a clone has both commits, and a commit that no branch names is fetched by its id."""
+    _, first, second = git_root
+    url = git_server(smart)
+    assert git("ls-remote", url, "main").split() == [second, "refs/heads/main"]
+    git("clone", "-q", url, str(tmp_path / "clone"))
+    assert git("log", "--format=%H", cwd=tmp_path / "clone").split() == [second, first]
+    git("init", "-q", str(tmp_path / "by-id"))
+    git("fetch", "-q", url, first, cwd=tmp_path / "by-id")
+    git("checkout", "-q", "--force", "--detach", first, cwd=tmp_path / "by-id")
+    assert (tmp_path / "by-id" / "build.sh").read_text() == "#!/bin/sh\necho one\n"
+    log = server_log(capfd)
+    assert "auth=git" in log and TOKEN not in log
+    assert ("POST /git/x.git/git-upload-pack" in log) == smart
+
+
+def test_a_shallow_fetch_of_a_commit_needs_the_smart_protocol(git_server, git_root, tmp_path):
+    """What a repository recipe's build runs (image_build.sh): ``git fetch --depth 1 URL COMMIT``, then
+    a detached checkout. As on GitHub, over the smart protocol; the dumb one has no shallow fetch,
+    whether the server has no http-backend or the client asks for dumb (``GIT_SMART_HTTP=0``)."""
+    _, first, _ = git_root
+    smart, dumb = git_server(True), git_server(False)
+    src = tmp_path / "src"
+    git("init", "-q", str(src))
+    git("fetch", "-q", "--depth", "1", smart, first, cwd=src)
+    git("checkout", "-q", "--force", "--detach", first, cwd=src)
+    assert git("rev-list", "--count", "HEAD", cwd=src).strip() == "1"
+    assert (src / ".git" / "shallow").read_text().strip() == first
+    for url, env in ((dumb, {}), (smart, {"GIT_SMART_HTTP": "0"})):
+        other = tmp_path / f"dumb-{len(env)}"
+        git("init", "-q", str(other))
+        out = git("fetch", "-q", "--depth", "1", url, first, cwd=other, check=False, **env)
+        assert DUMB_SHALLOW in out and out.endswith("rc=128"), out
+        git("fetch", "-q", url, "main", cwd=other, **env)  # what works there: a whole fetch, then the id
+        git("checkout", "-q", "--detach", first, cwd=other, **env)
+
+
+def test_the_git_server_is_read_only_and_serves_the_repositories_alone(git_server, git_root, tmp_path):
+    folder, _, second = git_root
+    url = git_server()
+    endpoint, path = url.rsplit("/git/", 1)[0], "/git/x.git"
+    git("clone", "-q", url, str(tmp_path / "clone"))
+    (tmp_path / "clone" / "new").write_text("x")
+    git("add", "-A", cwd=tmp_path / "clone")
+    git("commit", "-q", "-m", "three", cwd=tmp_path / "clone")
+    out = git("push", url, "HEAD:main", cwd=tmp_path / "clone", check=False)
+    assert "403" in out and not out.endswith("rc=0"), out
+    assert git("--git-dir", str(folder / "x.git"), "rev-parse", "main").strip() == second
+    status, _, _ = request(endpoint, "GET", f"{path}/info/refs?service=git-receive-pack")
+    assert status == 403
+    status, headers, body = request(endpoint, "GET", f"{path}/HEAD")
+    assert (status, body) == (200, b"ref: refs/heads/main\n")
+    assert request(endpoint, "HEAD", f"{path}/info/refs")[0] == 200
+    (folder / "secret").write_text("outside every repository")
+    for bad in (f"{path}/config", f"{path}/hooks/pre-receive.sample", f"{path}/description", f"{path}/objects/../config",
+                f"{path}/../secret", "/git/..%2Fsecret", f"{path}/%2E%2E/%2E%2E/secret", "/git/x.git", "/git/",
+                "/git/nope.git/HEAD", f"{path}/info/../../secret"):
+        assert request(endpoint, "GET", bad)[0] == 404, bad
+    assert request(endpoint, "POST", f"{path}/info/refs")[0] in (404, 405)
+    assert request(endpoint, "POST", f"/{REPO}/resolve/main/config.json")[0] == 405
+
+
+def test_upload_pack_takes_a_chunked_or_gzipped_request(git_server, git_root):
+    """git sends a large request chunked, and gzips one of more than 1 KiB; protocol v2's ls-refs here."""
+    _, _, second = git_root
+    endpoint, path = git_server().rsplit("/git/", 1)[0], "/git/x.git/git-upload-pack"
+
+    def pkt(line: str) -> bytes:
+        return f"{len(line) + 4:04x}{line}".encode()
+
+    body = pkt("command=ls-refs\n") + b"0001" + pkt("ref-prefix refs/heads/\n") + b"0000"
+    headers = {"Git-Protocol": "version=2", "Content-Type": "application/x-git-upload-pack-request"}
+    for kwargs in ({"body": iter([body[:9], body[9:]]), "encode_chunked": True},
+                   {"body": gzip.compress(body), "headers": {**headers, "Content-Encoding": "gzip"}}):
+        conn = http.client.HTTPConnection(endpoint.removeprefix("http://"), timeout=10)
+        conn.request("POST", path, **{"headers": headers, **kwargs})
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (200, pkt(f"{second} refs/heads/main\n") + b"0000")
+        assert resp.getheader("Content-Type") == "application/x-git-upload-pack-result"
+        conn.close()

@@ -64,8 +64,12 @@ def test_the_sim_lanes_run_the_beds_recipe_built_on_the_beds_base_image():
 
 
 def test_a_lane_without_a_recipe_runs_its_reference_or_the_clusters_image():
-    lane = lanes.find_lane("pair-a-balanced")
+    lane = lanes.find_lane("pair-a-balanced").model_copy(update={"image": None})
     assert lanes.lane_image(lane, "vllm-node:latest") == images.Image("vllm-node:latest")
+    tagged = lane.model_copy(update={"image": "nvcr.io/nvidia/vllm:26.01-py3"})
+    assert lanes.lane_image(tagged, "x").ref == "nvcr.io/nvidia/vllm:26.01-py3"  # not locked yet: as named
+    digest = "sha256:" + "b" * 64
+    assert lanes.lane_image(tagged, "x", {"lane/pair-a-balanced/image": digest}).ref == f"nvcr.io/nvidia/vllm@{digest}"
     pinned = lane.model_copy(update={"image": "nvcr.io/nvidia/vllm@sha256:" + "a" * 64})
     assert lanes.lane_image(pinned, "vllm-node:latest").ref == pinned.image
 
@@ -127,14 +131,17 @@ def test_a_lane_naming_a_missing_recipe_is_refused_by_the_lane_check(tmp_path):
     assert any("image recipe 'nope'" in p and "images/nope/recipe.yaml: no such recipe" in p for p in problems)
 
 
-def test_the_seeds_recipes_load_with_pinned_commits():
+def test_the_seeds_recipes_load_and_leave_to_the_lock_only_what_the_network_decides():
+    from sparkinfra import lock
+
     for folder in sorted(p.parent for p in (REPO / "images").glob("*/recipe.yaml")):
         recipe = images.load_recipe(folder)
         assert recipe.description, folder
+        refs = lock.recipe_references(folder.name, recipe)
         if recipe.repository:
-            assert len(recipe.commit or "") == 40
-        elif recipe.base and "/" in recipe.base and folder != BED:
-            assert "@sha256:" in recipe.base, f"{folder}: a base that is pulled is pinned by digest"
+            assert bool(recipe.commit) != any(r.name == f"recipe/{folder.name}" for r in refs), folder
+        if recipe.base and "@sha256:" not in recipe.base and folder != BED:
+            assert f"recipe/{folder.name}/base" in [r.name for r in refs], f"{folder}: a pulled base is locked by digest"
 
 
 # The head's build script, against a stand-in docker that records its arguments and makes images
@@ -166,15 +173,22 @@ def _build(tmp_path: Path, folder: Path, *args: str) -> tuple[subprocess.Complet
 
 def test_a_dockerfile_recipe_is_built_from_its_files_with_its_build_args(tmp_path):
     folder = _recipe(tmp_path, "dockerfile: D\nbase: b:1\nvllm_prs: [1, 2]\nbuild_args: {X: 'a b'}\n", D="FROM b\n")
-    image = images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder)
+    recipe = images.load_recipe(folder)
+    with pytest.raises(ValueError, match=r"vllm_prs \[1, 2\] are not locked"):
+        images.build_command_args(images.Image("sparkinfra/r:abc", recipe, "r", folder))
+    pins = {"recipe/r/pr-1": "1" * 40, "recipe/r/pr-2": "2" * 40, "recipe/r/base": "sha256:" + "b" * 64}
+    image = images.Image("sparkinfra/r:abc", images.pinned(recipe, "r", pins), "r", folder)
     args = images.build_command_args(image)
-    assert args == ["dockerfile", "D", "BASE_IMAGE=b:1", "VLLM_PRS=1 2", "X=a b"]
+    assert args == ["dockerfile", "D", f"BASE_IMAGE=b@sha256:{'b' * 64}", "VLLM_PRS=1 2",
+                    f"VLLM_PR_COMMITS={'1' * 40} {'2' * 40}", "VLLM_REPOSITORY=https://github.com/vllm-project/vllm.git",
+                    "X=a b"]
     proc, log = _build(tmp_path, folder, *args)
     assert proc.returncode == 0, proc.stderr
     node = tmp_path / "node"
     assert log.splitlines() == [
-        f"docker build --tag sparkinfra/r:abc --file {node}/files/D --build-arg BASE_IMAGE=b:1 "
-        f"--build-arg VLLM_PRS=1 2 --build-arg X=a b {node}/files"
+        f"docker build --tag sparkinfra/r:abc --file {node}/files/D --build-arg BASE_IMAGE=b@sha256:{'b' * 64} "
+        f"--build-arg VLLM_PRS=1 2 --build-arg VLLM_PR_COMMITS={'1' * 40} {'2' * 40} "
+        f"--build-arg VLLM_REPOSITORY=https://github.com/vllm-project/vllm.git --build-arg X=a b {node}/files"
     ]
     assert (node / "files/D").read_text() == "FROM b\n" and not (tmp_path / "recipe.tar").exists()
 
@@ -280,7 +294,7 @@ def test_a_repository_recipe_builds_the_pinned_commit_patched_by_its_script(tmp_
 @pytest.mark.parametrize("fault, expected", [
     ("patch", "patch fix.patch does not apply to"),
     ("produces", "the build script made no image other:1"),
-    ("commit", "cannot fetch"),
+    ("commit", "file://"),
 ])
 def test_a_failed_repository_build_names_its_step(tmp_path, build_repo, fault, expected):
     repo, commit = build_repo

@@ -161,6 +161,112 @@ def test_a_failed_search_names_the_image(ctl, monkeypatch):
                                 "docker: no such image"]
 
 
+# A lane's NCCL changes (nccl_env): the node's file with them, written before every docker run
+# -----------------------------------------------------------------------------------------
+
+
+NODE_NCCL = (
+    "# Managed by sparkinfra (deploys/prepare.py): this node's NCCL environment, read by the lane units.\n"
+    "NCCL_DEBUG=INFO\nNCCL_IB_GID_INDEX=3\nNCCL_IB_MERGE_NICS=1\n\n  NCCL_PROTO=Simple\nNCCL_PROTO=LL128\n"
+    "LD_PRELOAD=/opt/nccl/lib/libnccl.so.2\n"
+)
+CHANGES = {"NCCL_ALGO": "Ring", "NCCL_IB_GID_INDEX": None, "NCCL_IB_MERGE_NICS": None, "NCCL_PROTO": "LL",
+           "NCCL_TOPO_FILE": None}
+
+
+def _nccl_plan(ctl, changes=CHANGES):
+    node, mine = ctl.tmp / "nccl.env", ctl.tmp / "marks" / "sim.nccl.env"
+    node.write_text(NODE_NCCL)
+    p = _plan(ctl)
+    p["docker_options"][3] = str(mine)  # as serving names it: the lane's file, not the node's
+    p["nccl_env"] = {"node": str(node), "file": str(mine), "changes": dict(changes)}
+    return p
+
+
+def test_the_lanes_changes_set_and_remove_the_nodes_nccl_variables(ctl):
+    """Set: on the variable's own line (its first; an indented one too, as docker reads it), else
+    appended; removed: every line of it; a variable the node lacks removed is nothing; the rest as it is."""
+    text = ctl.nccl_env_text(NODE_NCCL, CHANGES, "sim", "/etc/sparkinfra/nccl.env")
+    assert text.splitlines() == [
+        "# Written by lane_ctl.py before each start of lane sim: /etc/sparkinfra/nccl.env with the lane's nccl_env "
+        "(set NCCL_ALGO=Ring, NCCL_PROTO=LL; removed NCCL_IB_GID_INDEX, NCCL_IB_MERGE_NICS, NCCL_TOPO_FILE)",
+        "# Managed by sparkinfra (deploys/prepare.py): this node's NCCL environment, read by the lane units.",
+        "NCCL_DEBUG=INFO",
+        "",
+        "NCCL_PROTO=LL",
+        "LD_PRELOAD=/opt/nccl/lib/libnccl.so.2",
+        "NCCL_ALGO=Ring",
+    ]
+    variables = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert variables == {"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", "LD_PRELOAD": "/opt/nccl/lib/libnccl.so.2",
+                         "NCCL_ALGO": "Ring"}
+    assert ctl.nccl_changes_text({"NCCL_PROTO": "LL"}) == "set NCCL_PROTO=LL"
+    assert ctl.nccl_changes_text({"NCCL_PROTO": None}) == "removed NCCL_PROTO"
+
+
+def test_the_lanes_nccl_file_is_written_root_only_before_each_docker_run(ctl, monkeypatch):
+    """Every docker run of the rank (the libnccl search, the container check, the rank, a trial) finds
+    the file its options name written from the node's file as it is then (prepare may have rewritten it)."""
+    read = []
+
+    def sh(*args, **kwargs):
+        if args[:2] == ("docker", "run"):
+            read.append(Path(args[args.index("--env-file") + 1]).read_text())
+            return subprocess.CompletedProcess(args, 0, "container check: PASS nccl: pinned\n", "")
+        return subprocess.CompletedProcess(args, 0, "sha256:aaa\n" if "inspect" in args else "", "")
+
+    monkeypatch.setattr(ctl, "sh", sh)
+    p = {**_nccl_plan(ctl), "nccl_pin": "/opt/nccl/lib/libnccl.so.2",
+         "container_check": {"script": "/s.py", "mount": "/run/check.py", "args": ["--nccl-version", "2.30.7"]}}
+    mine = Path(p["nccl_env"]["file"])
+    ok, _ = ctl.container_check(p)  # the search for libnccl copies, then the check: two docker runs
+    assert ok and len(read) == 2 and read[0] == read[1] == mine.read_text()
+    variables = [line.split("=")[0] for line in read[0].splitlines() if line and not line.startswith("#")]
+    assert "NCCL_PROTO=LL\n" in read[0] and variables == ["NCCL_DEBUG", "NCCL_PROTO", "LD_PRELOAD", "NCCL_ALGO"]
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o600
+    assert sorted(f.name for f in mine.parent.iterdir()) == ["sim.nccl-copies", "sim.nccl.env"]  # none half-written
+    Path(p["nccl_env"]["node"]).write_text("NCCL_DEBUG=WARN\nNCCL_IB_MERGE_NICS=1\n")  # prepare wrote it again
+    argv = ctl.docker_run(p, "aaaaaaaaaaaa")
+    assert argv[argv.index("--env-file") + 1] == str(mine)
+    assert [line for line in mine.read_text().splitlines() if not line.startswith("#")] == [
+        "NCCL_DEBUG=WARN", "NCCL_ALGO=Ring", "NCCL_PROTO=LL"]
+    plan = ctl.tmp / "sim.json"
+    plan.write_text(json.dumps(p))
+    mine.unlink()
+    assert ctl.cmd_trial_rank(str(plan), "VLLM_X", "1") == 0 and mine.exists()  # a trial's ranks get it too
+
+
+def test_a_lane_without_nccl_changes_passes_the_nodes_file_as_it_is(ctl, capsys):
+    p = _plan(ctl)
+    assert ctl.write_nccl_env(p) == "" and ctl.rank_options(p) == p["docker_options"]
+    plan = ctl.tmp / "sim.json"
+    plan.write_text(json.dumps(p))
+    assert ctl.cmd_nccl_env(str(plan)) == 0 and capsys.readouterr().out == ""
+    assert not (ctl.tmp / "marks").exists()
+
+
+def test_the_nccl_env_verb_writes_the_file_and_says_where(ctl, capsys):
+    """What the head's in-image validation runs first: its docker run names the same file."""
+    p = _nccl_plan(ctl, {"NCCL_PROTO": "LL"})
+    plan = ctl.tmp / "sim.json"
+    plan.write_text(json.dumps(p))
+    assert ctl.cmd_nccl_env(str(plan)) == 0
+    assert capsys.readouterr().out == p["nccl_env"]["file"] + "\n"
+    assert "NCCL_PROTO=LL\n" in Path(p["nccl_env"]["file"]).read_text()
+
+
+def test_no_node_nccl_file_no_start(ctl, capsys):
+    p = _nccl_plan(ctl)
+    Path(p["nccl_env"]["node"]).unlink()
+    said = f"the node's NCCL environment {p['nccl_env']['node']} cannot be read (No such file or directory): " \
+           "deploys/prepare.py writes it"
+    assert ctl.container_check(p) == (False, [f"container check: FAIL nccl: {said}"])
+    plan = ctl.tmp / "sim.json"
+    plan.write_text(json.dumps(p))
+    assert ctl.cmd_nccl_env(str(plan)) == 1 and said in capsys.readouterr().err
+    assert not Path(p["nccl_env"]["file"]).exists()
+
+
 class _Health(http.server.BaseHTTPRequestHandler):
     answers: list[int] = []
 

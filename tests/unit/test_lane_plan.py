@@ -30,7 +30,8 @@ def _sim_cluster():
     mp.chdir(REPO)
     mp.setenv("SPARKBED_API_KEY", "sk-golden")  # neither the key nor anything derived from it is in a plan
     try:
-        return load_files("inventory/sim.py")[1].clusters["sim"]
+        # No lock (a bed's, under its state folder, would pin main): the site's data as it is.
+        return load_files("inventory/sim.py", ["lock_file=tests/unit/fixtures/none.lock.yaml"])[1].clusters["sim"]
     finally:
         mp.undo()
 
@@ -163,3 +164,32 @@ def test_every_mark_the_runner_writes_is_a_lane_path():
     """What lane_ctl leaves in the marks folder goes with its lane (MARK_NAMES is the list)."""
     written = set(re.findall(r'mark\(\w+, "([\w.-]+)"\)', serving.LANE_CTL_SOURCE.read_text()))
     assert written and written <= set(serving.MARK_NAMES), written - set(serving.MARK_NAMES)
+
+
+# A lane's NCCL changes (nccl_env): in the plan, the digest and the options of every rank
+# ---------------------------------------------------------------------------------------
+
+
+def test_a_lanes_nccl_changes_are_in_every_ranks_plan_and_options():
+    """The rank's container gets the file lane_ctl writes from the node's with the lane's changes
+    (its docker run, the in-image validation and ``lanes show`` name it); a changed nccl_env restarts."""
+    cluster, lane = _sim_cluster(), lanes.find_lane("sim")
+    tuned = lane.model_copy(update={"nccl_env": {"NCCL_PROTO": "LL", "NCCL_IB_MERGE_NICS": None}})
+    before, after = serving.rank_plans(lane, cluster), serving.rank_plans(tuned, cluster)
+    mine = serving.nccl_env_path("sim")
+    assert mine == f"{serving.MARKS_DIR}/sim.nccl.env" and mine in serving.lane_paths("sim")  # a teardown removes it
+    for plan, was in zip(after, before):
+        assert plan.nccl_changes == {"NCCL_IB_MERGE_NICS": None, "NCCL_PROTO": "LL"}
+        assert plan.runner_plan()["nccl_env"] == {
+            "node": "/etc/sparkinfra/nccl.env", "file": mine,
+            "changes": {"NCCL_IB_MERGE_NICS": None, "NCCL_PROTO": "LL"},
+        }
+        options = list(plan.docker_options)
+        assert options[options.index("--env-file") + 1] == mine and "/etc/sparkinfra/nccl.env" not in options
+        assert options == [mine if o == "/etc/sparkinfra/nccl.env" else o for o in was.docker_options]
+        docker_run = plan.docker_run()
+        assert docker_run[docker_run.index("--env-file") + 1] == mine
+        assert was.runner_plan()["nccl_env"] is None and was.nccl_changes == {}
+    assert after[0].digest != before[0].digest
+    retuned = tuned.model_copy(update={"nccl_env": {"NCCL_PROTO": "Simple", "NCCL_IB_MERGE_NICS": None}})
+    assert serving.rank_plans(retuned, cluster)[0].digest != after[0].digest

@@ -207,7 +207,7 @@ def vllm_results(cluster_of, vllm_env, vllm_cache) -> dict[str, dict]:
 def test_the_shipped_lanes():
     assert SHIPPED == sorted([
         "pair-a-balanced", "pair-b-context", "pair-c-speed", "quad-nvfp4", "quad-awq-eagle3", "oct-awq-eagle3",
-        "sim", "sim-b", "sim-long",
+        "sim", "sim-b", "sim-c", "sim-long",
     ])
 
 
@@ -257,7 +257,7 @@ def test_mp_ranks(cluster_of):
         "method": "eagle3", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2, "attention_backend": "b12x",
         "model": "Sebesky/MiniMax-M3-EAGLE3-RTN-INT4", "revision": DRAFTER_REVISION,
     }
-    assert head.image == cluster.config.image
+    assert head.image == lanes.lane_image(lane, cluster.config.image).ref  # the lane's own recipe
 
 
 def test_ray_ranks(cluster_of):
@@ -706,8 +706,8 @@ def test_a_lanes_mods_must_be_folders_with_run_sh(cluster_of):
     assert lane.mods == ["sparkbed-hello"] and check_lane(lane, cluster_of(lane)) == []
     missing = lane.model_copy(update={"mods": ["sparkbed-hello", "no-such-mod"]})
     assert check_lane(missing, cluster_of(lane)) == [
-        f"lanes/sim-b.yaml: mods[1] 'no-such-mod': no {lanes.mods_dir(lane)}/no-such-mod/run.sh (a mod is a folder "
-        "with run.sh and its files)"
+        "lanes/sim-b.yaml: mod 'no-such-mod': no mods/no-such-mod/run.sh or mod-group.yaml (a mod is a folder "
+        "with run.sh and its files; a group, a folder with mod-group.yaml)"
     ]
 
 

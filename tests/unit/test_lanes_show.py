@@ -11,7 +11,9 @@ import shlex
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
 from sparkinfra.lanes.__main__ import main
-from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, show
+from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
+from sparkinfra.operations.files import render
+from sparkinfra.operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
 from sparkinfra.run import load_files
 
 MODEL_COMMIT, DRAFTER_COMMIT = "a" * 40, "d" * 40  # stand-ins for the commits a site pins
@@ -39,14 +41,13 @@ def test_each_rank_gets_the_fabric_and_its_own_command():
             f"drafter Sebesky/MiniMax-M3-EAGLE3-RTN-INT4 @ {DRAFTER_COMMIT}") in text
 
 
-def test_a_branch_revision_is_refused_unless_the_settings_allow_it():
-    """Two stages a week apart must not serve different weights: a served lane pins commits."""
-    lane, unpinned = find_lane("pair-a-balanced"), PAIR[:2] + (f"drafter_revision={DRAFTER_COMMIT}",)
-    text = show(lane, _cluster("inventory/pair.py", *unpinned))
-    assert ("REFUSED by a converge: lanes/pair-a-balanced.yaml: model_revision 'main' of cluster pair names a branch "
-            "or tag, not a commit of Sebesky/MiniMax-M3-W4A16-GPTQ") in text
-    assert "drafter_revision" not in text.split("\nrank 0")[0]
-    assert "REFUSED" not in show(lane, _cluster("inventory/pair.py", *unpinned, "allow_branch_revisions=true"))
+def test_a_branch_revision_is_shown_as_what_the_first_converge_locks(capsys):
+    """A branch is fine in site data: the lock pins its commit where the network is; no hash is made up."""
+    assert main(["show", "--inventory", "inventory/pair.py", "--data", "lock_file=tests/unit/fixtures/none.lock.yaml"]) == 0
+    text = capsys.readouterr().out
+    assert "REFUSED" not in text
+    assert ("  model Sebesky/MiniMax-M3-W4A16-GPTQ@main: not locked; the first converge resolves it on the head "
+            "(or: python -m sparkinfra.lock inventory/pair.py)") in text
 
 
 def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
@@ -81,17 +82,58 @@ def test_secrets_are_not_shown(monkeypatch):
 def test_cli_shows_the_settings_lane_and_says_what_a_converge_would_refuse(capsys):
     assert main(["show", "--inventory", "inventory/sim.py"]) == 0
     assert capsys.readouterr().out.startswith("Lane sim on cluster sim (2 nodes), plan ")
-    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py"]) == 1  # no model set
+    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py", "--data", "lane=", "--data", "model=org/other"]) == 1
     out = capsys.readouterr().out
     assert "REFUSED by a converge: lanes/pair-a-balanced.yaml: model 'Sebesky/MiniMax-M3-W4A16-GPTQ' is not" in out
     assert "rank 1 on reddie" in out  # shown all the same
 
 
 def test_cli_without_a_lane_anywhere(capsys):
-    assert main(["show", "--inventory", "inventory/pair.py"]) == 1  # the pair's data names none
+    assert main(["show", "--inventory", "inventory/pair.py", "--data", "lane="]) == 1  # no lane set
     assert "no cluster of inventory/pair.py names a lane" in capsys.readouterr().err
 
 
 def test_cli_refuses_bad_settings_with_the_file_and_key(capsys):
     assert main(["show", "--inventory", "inventory/sim.py", "--data", "fabric_mtu=70000"]) == 1
     assert "error: --data, key 'fabric_mtu' (host spark-1): " in capsys.readouterr().err
+
+
+def _ctl():
+    spec = importlib.util.spec_from_file_location("lane_ctl", serving.LANE_CTL_SOURCE)
+    ctl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ctl)
+    return ctl
+
+
+def test_each_rank_shows_the_lanes_nccl_changes_and_the_file_it_gets():
+    lane = find_lane("sim").model_copy(update={"nccl_env": {"NCCL_PROTO": "LL", "NCCL_IB_MERGE_NICS": None}})
+    text = show(lane, _cluster("inventory/sim.py"))
+    mine = serving.nccl_env_path("sim")
+    ranks = text.split("\nrank ")[1:]
+    assert len(ranks) == 2
+    for rank in ranks:
+        assert "  the lane's NCCL changes (nccl_env): set NCCL_PROTO=LL; removed NCCL_IB_MERGE_NICS\n" in rank
+        assert f"      --env-file {mine} \\\n" in rank and "/etc/sparkinfra/nccl.env \\\n" not in rank
+        listed = rank.split(f"\n  {mine} (root only; the runner writes it before each start: "
+                            "/etc/sparkinfra/nccl.env with those changes):\n")[1].split("\n  /etc/sparkinfra/lanes/")[0]
+        variables = dict(line.strip().split("=", 1) for line in listed.splitlines())
+        assert variables["NCCL_PROTO"] == "LL" and "NCCL_IB_MERGE_NICS" not in variables
+        assert variables["NCCL_DEBUG"] == "INFO"  # the rest of the node's, as it is
+    plain = show(find_lane("sim"), _cluster("inventory/sim.py"))
+    assert "NCCL changes" not in plain and "  /etc/sparkinfra/nccl.env:\n      GLOO_SOCKET_IFNAME=" in plain
+    assert "      --env-file /etc/sparkinfra/nccl.env \\\n" in plain
+
+
+def test_the_shown_nccl_file_is_the_one_the_runner_writes_from_the_nodes():
+    """The node's file as prepare renders it (its HCAs and GID index read there), turned by lane_ctl
+    into the rank's: the same variables ``lanes show`` lists for the rank."""
+    cluster = _cluster("inventory/sim.py")
+    changes = {"NCCL_ALGO": "Ring", "NCCL_IB_GID_INDEX": None, "NCCL_PROTO": "LL", "NCCL_IB_MERGE_NICS": None}
+    plan = serving.rank_plans(find_lane("sim").model_copy(update={"nccl_env": changes}), cluster)[1]
+    node = nccl_env(nccl_variables(cluster), cluster.config.nccl_env_overrides, ["rocep1s0f0", "roceP2p1s0f0"], "3")
+    node_text = render("etc/sparkinfra/nccl.env.j2", variables=sorted(node.items()))
+    written = _ctl().nccl_env_text(node_text, plan.runner_plan()["nccl_env"]["changes"], "sim", NCCL_ENV_FILE)
+    gets = dict(line.split("=", 1) for line in written.splitlines() if line and not line.startswith("#"))
+    shown = [line.strip() for line in nccl_lines(plan, node)[2:]]
+    assert gets == dict(line.split("=", 1) for line in shown)
+    assert gets["NCCL_PROTO"] == "LL" and gets["NCCL_ALGO"] == "Ring" and "NCCL_IB_GID_INDEX" not in gets

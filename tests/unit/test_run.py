@@ -44,7 +44,8 @@ def calls(monkeypatch):
         gevent.sleep(0.05)  # the network: every other host's load runs meanwhile
         calls.append("lock")
 
-    monkeypatch.setattr(run.lock, "hold", hold)
+    monkeypatch.setattr(run.converge_lock, "hold", hold)
+    monkeypatch.setattr(run.lock, "settle", lambda state, settings, *args, **kwargs: calls.append("pins") or settings)
     monkeypatch.setattr(run.preflight, "run",
                         lambda state, settings, in_run: gevent.sleep(0.05) or calls.append("preflight"))
     return calls
@@ -54,6 +55,7 @@ class FakeState:
     """A run: what run.start keys its record by (and hands the lock: no inventory here)."""
 
     inventory = None
+    cwd = "."
 
 
 def new_state() -> FakeState:
@@ -76,23 +78,23 @@ def test_the_run_level_work_happens_once_while_every_host_waits(calls):
     state = new_state()
     jobs = load_every_host(state, ["spark-1", "spark-2", "spark-3"], preflight_first=True)
     assert all(job.successful() for job in jobs), [job.exception for job in jobs]
-    assert calls == ["settings", "whole_clusters", "ssh", "lock", "preflight"]
+    assert calls == ["settings", "whole_clusters", "ssh", "lock", "pins", "preflight"]
     assert [job.value.is_head for job in jobs] == [True, False, False]
     load_every_host(state, ["spark-1", "spark-2"])  # the next deploy file of the same run
-    assert calls == ["settings", "whole_clusters", "ssh", "lock", "preflight"]
+    assert calls == ["settings", "whole_clusters", "ssh", "lock", "pins", "preflight"]
     load_every_host(new_state(), ["spark-1"])  # another run starts afresh
-    assert calls[5:] == ["settings", "whole_clusters", "ssh", "lock"]
+    assert calls[6:] == ["settings", "whole_clusters", "ssh", "lock", "pins"]
 
 
 def test_an_error_of_the_run_level_work_stops_every_host(calls, monkeypatch):
     def busy(state, inventory, settings, dry=False):
         calls.append("lock")
-        raise run.lock.ConvergeLocked("another converge holds the lock")
+        raise run.converge_lock.ConvergeLocked("another converge holds the lock")
 
-    monkeypatch.setattr(run.lock, "hold", busy)
+    monkeypatch.setattr(run.converge_lock, "hold", busy)
     jobs = load_every_host(new_state(), ["spark-1", "spark-2"])
     assert calls.count("lock") == 1
-    assert all(isinstance(job.exception, run.lock.ConvergeLocked) for job in jobs)
+    assert all(isinstance(job.exception, run.converge_lock.ConvergeLocked) for job in jobs)
 
 
 # --limit: whole clusters or none
@@ -137,7 +139,7 @@ def test_run_start_refuses_a_partial_limit_before_touching_any_host(monkeypatch)
     touched = []
     monkeypatch.setattr(run, "_settings_of_run", lambda state: settings)
     monkeypatch.setattr(run.ssh, "prompt_replies", lambda state: touched.append("ssh"))
-    monkeypatch.setattr(run.lock, "hold", lambda *args, **kwargs: touched.append("lock"))
+    monkeypatch.setattr(run.converge_lock, "hold", lambda *args, **kwargs: touched.append("lock"))
     monkeypatch.setattr(run.preflight, "run", lambda state, settings, in_run: touched.append("preflight"))
     jobs = load_every_host(state, ["spark-2"], preflight_first=True)
     assert isinstance(jobs[0].exception, InventorySettingsError)

@@ -28,6 +28,14 @@ def _inspect(target, container):
     return json.loads(out.stdout)[0]
 
 
+def _rank_nccl_env(target, lane) -> dict[str, str]:
+    """The NCCL environment a rank's container gets: the node's file, with the lane's ``nccl_env``
+    applied (a value set, null removed) as the runner writes it."""
+    env = {k: v for k, v in target.nccl_env().items() if k not in lane.nccl_env}
+    env.update({k: v for k, v in lane.nccl_env.items() if v is not None})
+    return env
+
+
 def test_lane_unit_is_active(node):
     lane = _lane(node)
     units = node.fact(LaneUnits)
@@ -56,9 +64,10 @@ def test_container_has_the_nodes_env_and_pin(node):
     info = _inspect(node, config.container_name)
     assert info["State"]["Running"], f"{node}: {config.container_name} is not running"
     env = dict(item.split("=", 1) for item in info["Config"]["Env"])
-    nccl = node.nccl_env()
+    nccl = _rank_nccl_env(node, lane)
     for key in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "VLLM_NCCL_SO_PATH", "LD_PRELOAD"):
-        assert env.get(key) == nccl.get(key), f"{node}: {key}={env.get(key)!r} in the container, {nccl.get(key)!r} in nccl.env"
+        assert env.get(key) == nccl.get(key), (f"{node}: {key}={env.get(key)!r} in the container, {nccl.get(key)!r} "
+                                               "in nccl.env with the lane's nccl_env")
     assert env["LD_PRELOAD"] == config.nccl_library
     assert env["VLLM_HOST_IP"] == str(node.node.fabric_ip)
     mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
@@ -66,6 +75,31 @@ def test_container_has_the_nodes_env_and_pin(node):
     for key, value in {**lane.env, **config.lane_env}.items():  # the cluster's lane_env wins
         if "{" not in value:
             assert env.get(key) == value, f"{node}: lane env {key}={value!r}, container has {env.get(key)!r}"
+
+
+def test_every_rank_has_the_lanes_nccl_changes(node):
+    """The lane's ``nccl_env`` in each running rank's container (``docker inspect``: the environment its
+    processes start with): each variable it sets has its value, given once; each it removes is absent;
+    every other one of the node's NCCL environment is as the node's file has it. The file the runner
+    wrote it from is root-only."""
+    lane = _lane(node)
+    if not lane.nccl_env:
+        pytest.skip(f"lane {lane.name} changes none of the node's NCCL environment (nccl_env)")
+    config = node.cluster.config
+    items = [item.partition("=") for item in _inspect(node, config.container_name)["Config"]["Env"] or []]
+    env = {key: value for key, _, value in items}
+    for key, value in sorted(lane.nccl_env.items()):
+        given = [v for k, _, v in items if k == key]
+        if value is None:
+            assert not given, f"{node}: the lane removes {key}, the container has {key}={given}"
+        else:
+            assert given == [value], f"{node}: the lane sets {key}={value}, the container has {given}"
+    wanted = _rank_nccl_env(node, lane)
+    differ = {k: f"{env.get(k)!r} (wanted {v!r})" for k, v in sorted(wanted.items()) if env.get(k) != v}
+    assert not differ, f"{node}: the container's NCCL environment differs from the node's with the lane's: {differ}"
+    path = serving.nccl_env_path(lane.name)
+    mode = node.root(f"stat -c '%a %U' {path}")
+    assert mode.stdout.strip() == "600 root", f"{node}: {path}: {mode.stdout.strip() or mode.stderr.strip()}"
 
 
 def test_the_pin_is_mounted_over_every_nccl_copy(node):
@@ -130,7 +164,8 @@ def test_rank_role(node):
     args = info["Config"]["Cmd"] or []
     wanted = lanes.launch(lane, node.cluster, node.node.rank, gmu=config.gpu_memory_utilization)
     with_key = node.node.rank == 0 and bool(config.api_key_env)
-    command = serving.container_command(wanted.command, api_key=with_key, mods=lane.mods)
+    mods = [m.name for m in lanes.lane_mods(lane, dict(node.cluster.pins))]
+    command = serving.container_command(wanted.command, api_key=with_key, mods=mods)
     assert args == command, f"{node}: runs {args}, the lane renders {command}"
     env = [item.split("=", 1)[0] for item in info["Config"]["Env"] or []]
     assert "VLLM_API_KEY" not in env, f"{node}: the API key is in the container's configuration (docker inspect)"
@@ -155,13 +190,15 @@ def test_startup_log_checks(node):
 
 
 def test_every_rank_applied_the_lanes_mods_in_order(node):
-    """Each mod's run.sh ran in this rank's container, in the lane's order, before its command."""
+    """Each mod's run.sh ran in this rank's container, in the lane's order (a mod group's in its own),
+    before its command."""
     lane = _lane(node)
     if not lane.mods:
         pytest.skip(f"lane {lane.name} has no mods")
+    wanted = [m.name for m in lanes.lane_mods(lane, dict(node.cluster.pins))]  # groups expanded, at the locked commit
     log = node.root(f"docker logs {node.cluster.config.container_name} 2>&1").stdout
     applied = re.findall(r"^mod (\S+): applied$", log, re.M)
-    assert applied == list(lane.mods), f"{node}: rank {node.node.rank} applied {applied}, the lane has {lane.mods}"
+    assert applied == wanted, f"{node}: rank {node.node.rank} applied {applied}, the lane has {wanted} ({lane.mods})"
 
 
 def test_every_ranks_nccl_started_on_the_pin_and_the_fabric(node):
@@ -175,6 +212,7 @@ def test_every_ranks_nccl_started_on_the_pin_and_the_fabric(node):
     log = node.root(f"docker logs {config.container_name} 2>&1").stdout
     found = nccl_log.problems(
         nccl_log.parse(log), pin=config.nccl_version if node.node.rank == 0 else None, rdma=lane.container.rdma,
-        hcas=node.port().devices, port=fabric.rdma_port, gid_index=node.nccl_env().get("NCCL_IB_GID_INDEX", ""),
+        hcas=node.port().devices, port=fabric.rdma_port,
+        gid_index=_rank_nccl_env(node, lane).get("NCCL_IB_GID_INDEX", ""),
     )
     assert not found, f"{node}: rank {node.node.rank}: {'; '.join(found)}"

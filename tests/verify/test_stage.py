@@ -17,14 +17,16 @@ def _head(cluster):
     return next(t for t in cluster if t.node.rank == 0)
 
 
-def _staged_image(config) -> str:
-    """What deploys/stage.py puts on every node: the lane's image, else the cluster's."""
-    return lanes.lane_image(lanes.find_lane(config.lane), config.image).ref if config.lane else config.image
+def _staged_image(cluster) -> str:
+    """What deploys/stage.py puts on every node: the lane's image (as the lock pins it), else the cluster's."""
+    config = cluster.config
+    return (lanes.lane_image(lanes.find_lane(config.lane), config.image, dict(cluster.pins)).ref if config.lane
+            else config.image)
 
 
 def test_every_node_has_the_heads_image(cluster):
     config = cluster[0].cluster.config
-    image = _staged_image(config)
+    image = _staged_image(cluster[0].cluster)
     ids = {t.node.name: t.fact(DockerImageId, image=image) for t in cluster}
     head_id = ids[_head(cluster).node.name]
     assert head_id, f"{image} is not on the head"
@@ -72,7 +74,7 @@ def test_snapshots_resolve_offline_in_the_image_on_every_node(node):
         )
         out = node.root(
             f"docker run --rm --network none -e HF_HUB_OFFLINE=1 --entrypoint python3 "
-            f"-v {shlex.quote(config.model_dir)}:{shlex.quote(config.model_dir)}:ro {shlex.quote(_staged_image(config))} "
+            f"-v {shlex.quote(config.model_dir)}:{shlex.quote(config.model_dir)}:ro {shlex.quote(_staged_image(node.cluster))} "
             f"-c {shlex.quote(code)} {shlex.quote(repo)} {shlex.quote(revision)} {shlex.quote(config.model_dir)}"
         )
         assert out.rc == 0, f"{node}: {repo}@{revision} does not resolve offline: {out.stderr[-800:]}"

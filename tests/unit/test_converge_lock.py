@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 
-from sparkinfra import lock, scripts
+from sparkinfra import converge_lock, scripts
 
 HOLDER = '{"pid": 4242, "user": "ops"}'
 
@@ -54,4 +54,4 @@ def test_the_holder_record_names_the_files_never_an_options_value():
     which may carry anything, stay on the controller."""
     argv = ["-y", "inventory/pair.py", "deploys/serve.py", "--data", "lane=secret-lane", "--data",
             "hf_endpoint=http://u:p@mirror", "--limit", "spark-1", "-vvv"]
-    assert lock.command_line(argv) == "pyinfra inventory/pair.py deploys/serve.py"
+    assert converge_lock.command_line(argv) == "pyinfra inventory/pair.py deploys/serve.py"
