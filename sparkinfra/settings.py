@@ -557,6 +557,16 @@ class HostSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _lane_env_not_nccl(self) -> "HostSettings":
+        # A lane's container gets NCCL's variables from the node's NCCL file with the lane's changes:
+        # one in lane_env too would be given twice, and docker's choice is not the operator's.
+        nccl = sorted(k for k in self.lane_env if k.startswith("NCCL_"))
+        if nccl:
+            raise _rule("lane_env", f"{', '.join(nccl)}: NCCL's variables go in nccl_env_overrides (every lane) or "
+                        "a lane's nccl_env")
+        return self
+
+    @model_validator(mode="after")
     def _gpu_clock_range(self) -> "HostSettings":
         if self.gpu_clock_cap:
             low, high = (int(x) for x in self.gpu_clock_cap.split(","))

@@ -236,6 +236,13 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
     return found
 
 
+def models_of(cluster: Cluster) -> list[tuple[str, str, str]]:
+    """(role, repository, revision) of each model the cluster stages: the target, then the drafter."""
+    config = cluster.config
+    return [(role, repo, rev) for role, repo, rev in (("model", config.model, config.model_revision),
+                                                       ("drafter", config.drafter, config.drafter_revision)) if repo]
+
+
 def cluster_status(reached: remote.Reached) -> dict:
     """One cluster's status (what ``--json`` prints for it)."""
     cluster = reached.cluster
@@ -252,6 +259,10 @@ def cluster_status(reached: remote.Reached) -> dict:
         "cluster": cluster.name, "lane": want.lane.name if want.lane else None, "digest": want.digest or None,
         "serving": not found and want.lane is not None, "ok": not found, "problems": found,
         "api": api, "nodes": nodes, "history": (head.get("history") or [])[-HISTORY_SHOWN:],
+        # what is staged and served: each model at the commit the site's data or its lock pins
+        "models": [{"repo": repo, "revision": revision, "locked": cluster.pin(role) == revision}
+                   for role, repo, revision in models_of(cluster)],
+        "lock": cluster.lock_file or None,
     }
 
 
@@ -279,6 +290,9 @@ def text(status: dict) -> str:
         "NOT serving what its settings name"
     lane = f"lane {status['lane']}, plan {status['digest']}" if status["lane"] else "no lane"
     lines.append(f"cluster {status['cluster']}: {lane}: {state}")
+    if status.get("models"):
+        said = [f"{m['repo']}@{m['revision']}" + (" (the lock's pin)" if m["locked"] else "") for m in status["models"]]
+        lines.append("  models: " + ", ".join(said))
     api = status["api"]
     if api:
         latency = f", a one-token completion in {api['seconds']:.2f}s" if api["seconds"] is not None else \

@@ -99,6 +99,31 @@ def _command_settings(tokens: list[str], refuse) -> tuple[str | None, dict[str, 
     return model, settings
 
 
+# eugr's launcher expands a recipe's env in its shell; what those variables are there, here. The
+# token is not a lane's: the head's download reads it from the controller (hf_token_env), and
+# serving containers run offline (HF_HUB_OFFLINE=1).
+ENV_REFERENCES = {
+    "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "",
+    "VLLM_HOST_IP": "{fabric_ip}", "LOCAL_IP": "{fabric_ip}", "NODE_IP": "{fabric_ip}",
+    "HEAD_IP": "{head_ip}", "HEAD_NODE_IP": "{head_ip}", "MASTER_ADDR": "{head_ip}",
+}
+_REFERENCE_RE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def env_reference(text: str) -> str | None:
+    """``text`` (an eugr env value with ``$VAR``/``${VAR}``) as a lane's value: each known variable
+    mapped (``ENV_REFERENCES``), "" for a value that is only the token (dropped); None when a
+    variable is not known."""
+    names = [a or b for a, b in _REFERENCE_RE.findall(text)]
+    if not names or any(n not in ENV_REFERENCES for n in names) or "$" in _REFERENCE_RE.sub("", text):
+        return None
+    if all(ENV_REFERENCES[n] == "" for n in names):
+        return "" if _REFERENCE_RE.sub("", text).strip() == "" else None
+    if any(ENV_REFERENCES[n] == "" for n in names):
+        return None
+    return _REFERENCE_RE.sub(lambda m: ENV_REFERENCES[m.group(1) or m.group(2)], text)
+
+
 def import_eugr(path: str | Path) -> Lane:
     """
     A lane from an eugr/spark-vllm-docker recipe (v1: name, recipe_version, container, command,
@@ -106,8 +131,9 @@ def import_eugr(path: str | Path) -> Lane:
 
     A recipe's mods (``mods/<name>`` of the eugr repository) become the lane's ``mods`` by name: copy
     their folders into the project's ``mods/``. Refused (``LaneError`` naming the file and key): command
-    placeholders without a default, shell expansions in env, and flags sparkinfra sets per rank or
-    from the cluster's settings.
+    placeholders without a default, an env value expanding a variable ``ENV_REFERENCES`` does not
+    map (``$HF_TOKEN`` is dropped: the token reaches the head's download through ``hf_token_env``),
+    and flags sparkinfra sets per rank or from the cluster's settings.
     """
     path = Path(path)
     source = display(path)
@@ -181,10 +207,16 @@ def import_eugr(path: str | Path) -> Lane:
     env = {}
     for key, value in (recipe.get("env") or {}).items():
         text = "" if value is None else (json.dumps(value) if isinstance(value, bool) else str(value))
-        if "$" in text:
-            refuse(f"env.{key}", f"{text!r} expands a shell variable at launch; a lane's values are literal")
         if PLACEHOLDER_RE.search(text):
             refuse(f"env.{key}", f"{text!r}: unknown placeholder")
+        if "$" in text:
+            mapped = env_reference(text)
+            if mapped is None:
+                refuse(f"env.{key}", f"{text!r} expands the launching shell's variable; a lane's values are literal "
+                       f"(known: {', '.join(sorted(ENV_REFERENCES))}): write its value")
+            if mapped == "":
+                continue  # the token: the head's download has it from hf_token_env; serving runs offline
+            text = mapped
         env[str(key)] = text
 
     description = str(recipe.get("description") or recipe["name"])

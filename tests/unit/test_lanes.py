@@ -696,9 +696,28 @@ def test_eugr_mods_become_the_lanes_mods_by_name(tmp_path):
     path.write_text(RECIPE + "mods:\n  - mods/../x y\n")
     with pytest.raises(LaneError, match="key 'mods'"):
         import_eugr(path)
-    with pytest.raises(LaneError) as exc:  # the seed's recipe: its mods map, its shell expansion does not
-        import_eugr(EUGR / "minimax-m3-b12x-mods.yaml")
-    assert "line 18, key 'env.HF_TOKEN': '$HF_TOKEN' expands a shell variable" in str(exc.value)
+    seed = import_eugr(EUGR / "minimax-m3-b12x-mods.yaml")  # the seed's recipe: its mods and its $HF_TOKEN map
+    assert seed.mods == ["fix-prometheus-fastapi-routing", "minimax-m3-gptq-b12x"]
+    assert "HF_TOKEN" not in seed.env  # the head's download has it from hf_token_env; serving runs offline
+
+
+@pytest.mark.parametrize("value, mapped", [
+    ("$HF_TOKEN", ""), ("${HUGGING_FACE_HUB_TOKEN}", ""), ("$VLLM_HOST_IP", "{fabric_ip}"),
+    ("tcp://${HEAD_IP}:29500", "tcp://{head_ip}:29500"), ("$SECRET", None), ("x$HF_TOKEN", None),
+    ("$LOCAL_IP $HF_TOKEN", None), ("$", None),
+])
+def test_eugr_env_references_are_mapped_or_named(value, mapped):
+    assert lanes.eugr.env_reference(value) == mapped
+
+
+def test_an_eugr_env_reference_nothing_maps_is_refused_by_name(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(RECIPE.replace('  A: "1"', "  OTHER: $SECRET\n  VLLM_HOST_IP: $VLLM_HOST_IP"))
+    with pytest.raises(LaneError) as exc:
+        import_eugr(path)
+    assert "key 'env.OTHER': '$SECRET' expands the launching shell's variable" in str(exc.value)
+    path.write_text(RECIPE.replace('  A: "1"', "  VLLM_HOST_IP: $VLLM_HOST_IP\n  HF_TOKEN: $HF_TOKEN"))
+    assert import_eugr(path).env == {"VLLM_HOST_IP": "{fabric_ip}"}
 
 
 def test_a_lanes_mods_must_be_folders_with_run_sh(cluster_of):
@@ -727,7 +746,7 @@ command: |
 
 @pytest.mark.parametrize("change, key, fragment", [
     (("{port}", "{api}"), "command", "placeholder {api} has no value in defaults"),
-    (('A: "1"', "A: $SECRET"), "env.A", "expands a shell variable at launch"),
+    (('A: "1"', "A: $SECRET"), "env.A", "'$SECRET' expands the launching shell's variable"),
     (("--port {port}", "--port {port} --nnodes 2"), "command", "--nnodes is set by sparkinfra, per rank"),
     (("--port {port}", "--port {port} --revision abc"), "command", "the cluster's model_revision setting"),
     (("--gpu-memory-utilization 0.8", ""), "command", "no --gpu-memory-utilization"),
@@ -756,12 +775,14 @@ def test_eugr_cli(tmp_path):
     header, _, body = ok.stdout.partition("\n")
     assert header.startswith("# Imported from ") and header.endswith("save as lanes/minimax-m2.7-nvfp4.yaml")
     assert body == (GOLDEN / "eugr" / "minimax-m2.7-nvfp4.yaml").read_text(encoding="utf-8")
+    bad = tmp_path / "secret.yaml"
+    bad.write_text((EUGR / "minimax-m3-b12x-mods.yaml").read_text().replace("$HF_TOKEN", "$MY_SECRET"))
     refused = subprocess.run(
-        [sys.executable, "-m", "sparkinfra.lanes", "import", "tests/unit/eugr/minimax-m3-b12x-mods.yaml"],
+        [sys.executable, "-m", "sparkinfra.lanes", "import", str(bad)],
         capture_output=True, text=True, cwd=REPO, env=env,
     )
     assert refused.returncode == 1 and refused.stdout == ""
-    assert refused.stderr.startswith("error: tests/unit/eugr/minimax-m3-b12x-mods.yaml, line 18, key 'env.HF_TOKEN': ")
+    assert "line 19, key 'env.HF_TOKEN': '$MY_SECRET' expands" in refused.stderr, refused.stderr
     assert yaml.safe_load(body)["name"] == "minimax-m2.7-nvfp4"
 
 

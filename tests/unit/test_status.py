@@ -45,7 +45,7 @@ HISTORY = [
 @pytest.fixture(scope="module")
 def sim():
     """The bed's pair (inventory/sim.py): spark-1 head, spark-2 worker, lane sim."""
-    _, settings = load_files("inventory/sim.py")
+    _, settings = load_files("inventory/sim.py", ["lock_file=tests/unit/fixtures/none.lock.yaml"])  # no bed lock
     [cluster] = settings.clusters.values()
     return SimpleNamespace(cluster=cluster, settings=settings, want=status.expected(cluster))
 
@@ -380,8 +380,10 @@ def test_text_of_a_serving_cluster(sim, monkeypatch, utc):
     shown = status.text(found)
     lines = shown.splitlines()
     assert lines[0] == f"cluster sim: lane sim, plan {sim.want.digest}: serving"
-    assert lines[1] == "  API http://10.213.0.11:8000: /health 200, a one-token completion in 0.42s"
-    assert lines[2].split() == ["node", "rank", "unit", "container", "up", "since", "image", "snapshots", "fabric",
+    revision = sim.cluster.config.model_revision  # the lock's pin where the bed's lock holds one
+    assert lines[1].startswith(f"  models: sparkbed/tiny-llama@{revision}")
+    assert lines[2] == "  API http://10.213.0.11:8000: /health 200, a one-token completion in 0.42s"
+    assert lines[3].split() == ["node", "rank", "unit", "container", "up", "since", "image", "snapshots", "fabric",
                                 "GID", "NCCL"]
     assert _row(shown, "spark-1").split() == ["spark-1", "0", "active/running", "2026-12-06", "10:00:01",
                                               "a" * 12, "match", "up", "4200", "10.213.1.1/24", "rocep1s0f0:3",

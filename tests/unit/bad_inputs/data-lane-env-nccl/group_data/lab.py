@@ -1,0 +1,2 @@
+cluster = "lab"
+fabric_subnet = "10.0.0.0/24"
