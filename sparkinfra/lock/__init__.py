@@ -345,10 +345,8 @@ def settle(state, settings: Settings, inventory_file: str | None, cwd: str | Pat
         refs = references(cluster, lane)
         entries = read(path)
         wanted = missing(refs, entries)
-        if wanted:
-            head = state.inventory.get_host(cluster.head.name)
-            if not head.connected:
-                continue  # pyinfra reports the failed connection itself
+        head = state.inventory.get_host(cluster.head.name)
+        if wanted and head.connected:  # an unreachable head: pyinfra reports it; the lock is used as it is
             made, failed = resolve_on(head, wanted, os.environ.get(cluster.config.hf_token_env, ""))
             if failed:
                 raise LockError(

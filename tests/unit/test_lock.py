@@ -289,3 +289,46 @@ def test_mod_groups_expand_in_order_from_the_build_repository_at_its_commit(repo
     (patched[0].folder.parent / "loop/mod-group.yaml").write_text("mods: [loop]\n")
     with pytest.raises(schema.LaneError, match="loop -> loop names itself"):
         mods.lane_mods(lane.model_copy(update={"mods": ["loop"]}), {"recipe/b": first})
+
+
+def test_a_run_resolves_on_each_head_what_the_lock_lacks_once(hub_url, tmp_path, monkeypatch):
+    """``settle`` (``run.start``): the head resolves what the lock lacks and the lock is written; the
+    next run resolves nothing; an unreachable head resolves nothing and its cluster keeps the lock's
+    pins; a dry run writes nothing; what the head cannot resolve stops the run naming it."""
+    from types import SimpleNamespace
+
+    from sparkinfra.settings import Settings
+
+    url, _ = hub_url
+    project = _project(tmp_path, url)
+    from sparkinfra.run import load_files
+    with chdir(project):
+        _, settings = load_files("inventory/pair.py", pin=False)
+    asked = []
+
+    def on_head(host, refs, token=""):  # the head's answer, as pin_resolve.py would give it
+        asked.append((host.name, [r.name for r in refs]))
+        return lock.resolve_here(refs, token)
+
+    monkeypatch.setattr(lock, "resolve_on", on_head)
+    heads = {"bluey": SimpleNamespace(name="bluey", connected=True)}
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: heads[name]))
+    path = project / "group_data/pair.lock.yaml"
+    dry = lock.settle(state, settings, "inventory/pair.py", project, dry=True)
+    assert dry.clusters["pair"].config.model_revision == SHA and not path.exists()
+    pinned = lock.settle(state, settings, "inventory/pair.py", project)
+    assert asked == [("bluey", ["model"])] * 2 and lock.read(path)["model"].pin == SHA
+    assert pinned.clusters["pair"].lock_file == str(path) and pinned.clusters["pair"].pin("model") == SHA
+    lock.settle(state, settings, "inventory/pair.py", project)
+    assert len(asked) == 2  # locked: nothing asked of the head
+    path.unlink()
+    heads["bluey"].connected = False
+    unreached = lock.settle(state, settings, "inventory/pair.py", project)
+    assert len(asked) == 2 and unreached.clusters["pair"].config.model_revision == "main"
+    heads["bluey"].connected = True
+    moved = Settings(clusters={"pair": settings.clusters["pair"].model_copy(update={
+        "config": settings.clusters["pair"].config.model_copy(update={"model_revision": "nope"})})})
+    with chdir(project), pytest.raises(lock.LockError) as exc:
+        lock.settle(state, moved, "inventory/pair.py", project)
+    assert "pair: not locked, and bluey could not resolve: model (org/model@nope): " in str(exc.value)
+    assert "python -m sparkinfra.lock inventory/pair.py (then commit group_data/pair.lock.yaml)" in str(exc.value)
