@@ -332,3 +332,28 @@ def test_a_run_resolves_on_each_head_what_the_lock_lacks_once(hub_url, tmp_path,
         lock.settle(state, moved, "inventory/pair.py", project)
     assert "pair: not locked, and bluey could not resolve: model (org/model@nope): " in str(exc.value)
     assert "python -m sparkinfra.lock inventory/pair.py (then commit group_data/pair.lock.yaml)" in str(exc.value)
+
+
+# A docker for the image kind: buildx's manifest when the registry answers it, else a pull and the
+# image's repo digests (docker 20.10 without buildx, as the bed's).
+DOCKER = """
+case "$1 $2" in
+"buildx imagetools") [ -n "$BUILDX" ] && [ "$4" = "nvcr.io/nvidia/vllm:26.01-py3" ] && echo '{"mediaType": "x", "digest": "sha256:%s", "size": 1}' && exit 0
+    echo "docker: 'buildx' is not a docker command." >&2; exit 1 ;;
+"pull -q") [ "$3" = "nvcr.io/nvidia/vllm:26.01-py3" ] && exit 0; echo "manifest unknown" >&2; exit 1 ;;
+"image inspect") echo '["other/x@sha256:%s", "nvcr.io/nvidia/vllm@sha256:%s"]' ;;
+esac
+""" % ("1" * 64, "2" * 64, "3" * 64)
+
+
+@pytest.mark.parametrize("buildx, digest", [("1", "1" * 64), ("", "3" * 64)])
+def test_an_image_tag_is_pinned_to_its_digest(tmp_path, monkeypatch, buildx, digest):
+    from test_stage import stubs
+
+    env = stubs(tmp_path, docker=DOCKER)
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setenv("BUILDX", buildx)
+    made, failed = lock.resolve_here([lock.Reference("recipe/r/base", "image", "nvcr.io/nvidia/vllm", "26.01-py3")])
+    assert failed == [] and made["recipe/r/base"].pin == f"sha256:{digest}"
+    made, failed = lock.resolve_here([lock.Reference("lane/l/image", "image", "nvcr.io/nvidia/vllm", "gone")])
+    assert made == {} and "docker pull nvcr.io/nvidia/vllm:gone: manifest unknown" in failed[0]
