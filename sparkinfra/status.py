@@ -236,13 +236,6 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
     return found
 
 
-def models_of(cluster: Cluster) -> list[tuple[str, str, str]]:
-    """(role, repository, revision) of each model the cluster stages: the target, then the drafter."""
-    config = cluster.config
-    return [(role, repo, rev) for role, repo, rev in (("model", config.model, config.model_revision),
-                                                       ("drafter", config.drafter, config.drafter_revision)) if repo]
-
-
 def cluster_status(reached: remote.Reached) -> dict:
     """One cluster's status (what ``--json`` prints for it)."""
     cluster = reached.cluster
@@ -255,13 +248,14 @@ def cluster_status(reached: remote.Reached) -> dict:
     nodes = [node_view(node, answers[node.name], head, want, cluster.fabric) for node in cluster.nodes]
     api = api_state(cluster, want) if want.lane else None
     found = problems(cluster, want, nodes, api)
+    locked = {cluster.pin("model"), cluster.pin("drafter")} - {None}
     return {
         "cluster": cluster.name, "lane": want.lane.name if want.lane else None, "digest": want.digest or None,
         "serving": not found and want.lane is not None, "ok": not found, "problems": found,
         "api": api, "nodes": nodes, "history": (head.get("history") or [])[-HISTORY_SHOWN:],
         # what is staged and served: each model at the commit the site's data or its lock pins
-        "models": [{"repo": repo, "revision": revision, "locked": cluster.pin(role) == revision}
-                   for role, repo, revision in models_of(cluster)],
+        "models": [{"repo": repo, "revision": revision, "locked": revision in locked}
+                   for repo, revision in transfer.models(cluster)],
         "lock": cluster.lock_file or None,
     }
 

@@ -50,9 +50,8 @@ def _show(inventory: str, data: list[str], name: str | None) -> int:
     refused = False
     for i, cluster in enumerate(clusters):
         lane = find_lane(name or cluster.config.lane)
-        path = lock.lock_path(cluster, inventory, Path.cwd())
-        refs, entries = lock.references(cluster, lane), lock.read(path)
-        cluster = lock.apply(cluster.model_copy(update={"lock_file": str(path)}), lock.pins(refs, entries))
+        path, refs, entries = lock.site_lock(cluster, lane, inventory, Path.cwd())
+        cluster = lock.apply(cluster, lock.pins(refs, entries), path)
         problems = check_lane(lane, cluster)
         refused = refused or bool(problems)
         said = lock.reference_lines(refs, entries, path, inventory)

@@ -166,6 +166,39 @@ def recipe_digest(folder: Path, recipe: Recipe) -> str:
     return digest.hexdigest()[:16]
 
 
+def tagged(image: str) -> tuple[str, str] | None:
+    """(name, tag) of an image reference pulled by tag (``latest`` when it names none); None for one
+    pinned by digest."""
+    if "@" in image:
+        return None
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return image, "latest"
+    return name, tag
+
+
+def by_digest(image: str, digest: str) -> str:
+    """``image`` (a tag) as the reference of ``digest`` (``name@sha256:...``)."""
+    return f"{(tagged(image) or (image,))[0]}@{digest}"
+
+
+def network_refs(name: str, recipe: Recipe, site_image: str = "") -> list[tuple[str, str, str, str]]:
+    """(lock entry, kind, source, ref) of what recipe ``name`` leaves to the network: its build
+    repository's ref, its base's tag (not the site's own ``image``, which the site makes), vLLM's
+    branch or tag, and each pull request's head (``sparkinfra.lock`` resolves them, ``pinned``
+    applies their pins)."""
+    found = []
+    if recipe.repository and recipe.ref:
+        found.append((f"recipe/{name}", "git", recipe.repository, recipe.ref))
+    if recipe.base and recipe.base != site_image and (tag := tagged(recipe.base)):
+        found.append((f"recipe/{name}/base", "image", *tag))
+    if recipe.vllm_ref and not re.fullmatch(r"[0-9a-f]{40}", recipe.vllm_ref):
+        found.append((f"recipe/{name}/vllm", "git", recipe.vllm_repository, recipe.vllm_ref))
+    for pr in recipe.vllm_prs:
+        found.append((f"recipe/{name}/pr-{pr}", "git", recipe.vllm_repository, f"refs/pull/{pr}/head"))
+    return found
+
+
 def lane_image(lane: Lane, default: str, pins: Mapping[str, str] | None = None) -> Image:
     """The image ``lane`` runs: its recipe's tag (``sparkinfra/<name>:<digest>``, the digest taken
     with the lock's ``pins`` in the recipe), its reference (by the locked digest when given by
@@ -173,8 +206,7 @@ def lane_image(lane: Lane, default: str, pins: Mapping[str, str] | None = None) 
     pins = pins or {}
     if isinstance(lane.image, str):
         digest = pins.get(f"lane/{lane.name}/image")
-        return Image(f"{lane.image.rpartition(':')[0] or lane.image}@{digest}" if digest and "@" not in lane.image
-                     else lane.image)
+        return Image(by_digest(lane.image, digest) if digest and tagged(lane.image) else lane.image)
     if lane.image is None:
         return Image(default)
     folder = images_dir(lane) / lane.image.recipe
@@ -182,11 +214,11 @@ def lane_image(lane: Lane, default: str, pins: Mapping[str, str] | None = None) 
                   for st in [p.stat()])
     prefix = f"recipe/{lane.image.recipe}"
     mine = tuple(sorted((k, v) for k, v in pins.items() if k == prefix or k.startswith(prefix + "/")))
-    return _recipe_image(lane.image.recipe, folder, files, mine, default)
+    return _recipe_image(lane.image.recipe, folder, files, mine)
 
 
 @functools.lru_cache(maxsize=16)
-def _recipe_image(name: str, folder: Path, files: tuple, pins: tuple, site_image: str) -> Image:
+def _recipe_image(name: str, folder: Path, files: tuple, pins: tuple) -> Image:
     # Every rank's plan on every host asks for the lane's image: the recipe is read and its files
     # (wheels of hundreds of MB) hashed once per run, again only when a file's stat changes.
     recipe = pinned(load_recipe(folder), name, dict(pins))
@@ -194,31 +226,20 @@ def _recipe_image(name: str, folder: Path, files: tuple, pins: tuple, site_image
 
 
 def pinned(recipe: Recipe, name: str, pins: Mapping[str, str]) -> Recipe:
-    """``recipe`` as the lock pins it: its build repository's commit, its base's digest, vLLM's
-    commit, and each pull request's head commit (``pr_commits``). Unlocked references stay as
-    they are (``sparkinfra.lock.references`` names them)."""
+    """``recipe`` as the lock pins its ``network_refs``: its build repository's commit, its base's
+    digest, vLLM's commit, and each pull request's head commit (``pr_commits``, once all are
+    pinned). Unlocked references stay as they are."""
     update: dict = {}
     if recipe.ref and (commit := pins.get(f"recipe/{name}")):
         update["commit"] = commit
-    if recipe.base and "@" not in recipe.base and (digest := pins.get(f"recipe/{name}/base")):
-        update["base"] = f"{recipe.base.rpartition(':')[0] or recipe.base}@{digest}"
+    if recipe.base and tagged(recipe.base) and (digest := pins.get(f"recipe/{name}/base")):
+        update["base"] = by_digest(recipe.base, digest)
     if recipe.vllm_ref and (commit := pins.get(f"recipe/{name}/vllm")):
         update["vllm_ref"] = commit
     heads = [pins.get(f"recipe/{name}/pr-{pr}") for pr in recipe.vllm_prs]
     if recipe.vllm_prs and all(heads):
         update["pr_commits"] = heads
     return recipe.model_copy(update=update) if update else recipe
-
-
-def awaits_lock(recipe: Recipe, site_image: str = "") -> bool:
-    """Whether ``recipe`` still names something only the lock pins (a branch, a base tag, vLLM's
-    branch, a pull request): its tag is not final until then."""
-    return bool(
-        (recipe.repository and not recipe.commit)
-        or (recipe.base and "@" not in recipe.base and recipe.base != site_image)
-        or (recipe.vllm_ref and not re.fullmatch(r"[0-9a-f]{40}", recipe.vllm_ref))
-        or (recipe.vllm_prs and not recipe.pr_commits)
-    )
 
 
 def build_args(recipe: Recipe) -> list[str]:

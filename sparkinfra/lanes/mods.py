@@ -68,11 +68,10 @@ def checkout(url: str, commit: str, fetch: bool = True, patches: list[Path] = ()
         bare = Path(tmp) / "repo.git"
         git = ["git", "-C", str(bare)]
         env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
-        steps = [["git", "init", "-q", "--bare", str(bare)]]
         by_commit = git + ["fetch", "-q", "--depth", "1", url, commit]
         every_branch = git + ["fetch", "-q", url, "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
         try:
-            subprocess.run(steps[0], check=True, capture_output=True, env=env)
+            subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True, capture_output=True, env=env)
             if subprocess.run(by_commit, capture_output=True, env=env).returncode != 0:
                 # A server that does not serve a commit by id (git's dumb HTTP): every branch and tag.
                 done = subprocess.run(every_branch, capture_output=True, text=True, env=env)

@@ -16,7 +16,7 @@ from .. import serving
 from ..operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_env, nccl_variables, upload_identity
 from ..settings import Cluster
 from .checks import check_lane
-from .images import awaits_lock, lane_image
+from .images import lane_image, load_recipe, network_refs
 from .mods import ModsNotFetched, lane_mods
 from .schema import Lane, LaneError
 
@@ -62,7 +62,8 @@ def image_line(lane: Lane, default: str, pins: dict[str, str] | None = None) -> 
         how = "the cluster's image"
     needs = f"; {recipe.description}" if recipe and recipe.description else ""
     ref = image.ref
-    if recipe and awaits_lock(recipe, default):
+    written = load_recipe(image.folder) if recipe else None  # the references as the recipe names them
+    if written and any(entry not in (pins or {}) for entry, *_ in network_refs(image.name, written, default)):
         ref = f"{ref.rpartition(':')[0]}:<the digest of the recipe as the lock pins it>"
     return f"image {ref}: {how}, then streamed to every worker by image ID{needs}"
 

@@ -45,7 +45,7 @@ from pyinfra import logger
 from pyinfra.api import QuoteString, StringCommand
 
 from .. import scripts
-from ..lanes.images import Recipe, images_dir, load_recipe
+from ..lanes.images import Recipe, images_dir, load_recipe, network_refs, tagged
 from ..lanes.mods import mods_folder
 from ..lanes.schema import Lane, LaneError, display, find_lane, read_yaml
 from ..operations.files import private_folder
@@ -113,29 +113,9 @@ def kind_of(name: str) -> tuple[str, re.Pattern, str] | None:
 # ---------------------------
 
 
-def _tagged(image: str) -> tuple[str, str] | None:
-    """(name, tag) of an image reference pulled by tag; None for one pinned by digest."""
-    if "@" in image:
-        return None
-    name, _, tag = image.rpartition(":")
-    if not name or "/" in tag:
-        return image, "latest"
-    return name, tag
-
-
 def recipe_references(name: str, recipe: Recipe, site_image: str = "") -> list[Reference]:
-    """What recipe ``name`` leaves to the network: its build repository's ref, its base's tag (not
-    the site's own ``image``, which the site makes), vLLM's ref and each pull request's head."""
-    found = []
-    if recipe.repository and recipe.ref:
-        found.append(Reference(f"recipe/{name}", "git", recipe.repository, recipe.ref))
-    if recipe.base and recipe.base != site_image and (tagged := _tagged(recipe.base)):
-        found.append(Reference(f"recipe/{name}/base", "image", *tagged))
-    if recipe.vllm_ref and not COMMIT.fullmatch(recipe.vllm_ref):
-        found.append(Reference(f"recipe/{name}/vllm", "git", recipe.vllm_repository, recipe.vllm_ref))
-    for pr in recipe.vllm_prs:
-        found.append(Reference(f"recipe/{name}/pr-{pr}", "git", recipe.vllm_repository, f"refs/pull/{pr}/head"))
-    return found
+    """What recipe ``name`` leaves to the network (``images.network_refs``), as references."""
+    return [Reference(*ref) for ref in network_refs(name, recipe, site_image)]
 
 
 def references(cluster: Cluster, lane: Lane | None = None) -> list[Reference]:
@@ -146,8 +126,8 @@ def references(cluster: Cluster, lane: Lane | None = None) -> list[Reference]:
                                  ("drafter", config.drafter, config.drafter_revision)):
         if repo and not COMMIT.fullmatch(revision):
             found.append(Reference(name, "hub", repo, revision, (("endpoint", config.hf_endpoint),)))
-    if lane is not None and isinstance(lane.image, str) and (tagged := _tagged(lane.image)):
-        found.append(Reference(f"lane/{lane.name}/image", "image", *tagged))
+    if lane is not None and isinstance(lane.image, str) and (tag := tagged(lane.image)):
+        found.append(Reference(f"lane/{lane.name}/image", "image", *tag))
     elif lane is not None and lane.image is not None and not isinstance(lane.image, str):
         name = lane.image.recipe
         found += recipe_references(name, load_recipe(images_dir(lane) / name), config.image)
@@ -180,14 +160,20 @@ def cluster_lane(cluster: Cluster, cwd: str | Path | None = None) -> Lane | None
     return find_lane(cluster.config.lane, project=cwd) if cluster.config.lane else None
 
 
+def site_lock(cluster: Cluster, lane: Lane | None, inventory_file: str | None,
+              cwd: str | Path) -> tuple[Path, list[Reference], dict[str, Entry]]:
+    """``cluster``'s lock file, the references of its site's data and ``lane``, and the lock's entries."""
+    path = lock_path(cluster, inventory_file, cwd)
+    return path, references(cluster, lane), read(path)
+
+
 def pinned(settings: Settings, inventory_file: str | None, cwd: str | Path) -> Settings:
     """``settings`` as each cluster's lock pins them (``apply``), each cluster knowing its lock
     file. Resolves nothing. Raises ``LockError`` for a lock that cannot be used."""
     clusters = {}
     for name, cluster in settings.clusters.items():
-        path = lock_path(cluster, inventory_file, cwd)
-        refs = references(cluster, cluster_lane(cluster, cwd))
-        clusters[name] = apply(cluster.model_copy(update={"lock_file": str(path)}), pins(refs, read(path)))
+        path, refs, entries = site_lock(cluster, cluster_lane(cluster, cwd), inventory_file, cwd)
+        clusters[name] = apply(cluster, pins(refs, entries), path)
     return Settings(clusters=clusters)
 
 
@@ -257,13 +243,15 @@ def pins(refs: list[Reference], entries: dict[str, Entry]) -> dict[str, str]:
     return {r.name: entries[r.name].pin for r in refs if r.name in entries and entries[r.name].pins(r)}
 
 
-def apply(cluster: Cluster, found: dict[str, str]) -> Cluster:
-    """``cluster`` with the pins ``found``: the model's and drafter's revisions are their locked
-    commits, and ``cluster.pins`` holds every pin (recipes, images, NCCL) for the plans."""
+def apply(cluster: Cluster, found: dict[str, str], path: Path | None = None) -> Cluster:
+    """``cluster`` with the pins ``found`` (of its lock file ``path``): the model's and drafter's
+    revisions are their locked commits, and ``cluster.pins`` holds every pin (recipes, images,
+    NCCL) for the plans."""
     config = cluster.config
     update = {key: found[name] for name, key in (("model", "model_revision"), ("drafter", "drafter_revision"))
               if name in found}
-    return cluster.model_copy(update={"config": config.model_copy(update=update), "pins": tuple(sorted(found.items()))})
+    return cluster.model_copy(update={"config": config.model_copy(update=update), "pins": tuple(sorted(found.items())),
+                                      **({"lock_file": str(path)} if path else {})})
 
 
 # Resolving
@@ -340,10 +328,8 @@ def settle(state, settings: Settings, inventory_file: str | None, cwd: str | Pat
     """
     clusters = {}
     for name, cluster in settings.clusters.items():
-        path = lock_path(cluster, inventory_file, cwd)
         lane = cluster_lane(cluster, cwd)
-        refs = references(cluster, lane)
-        entries = read(path)
+        path, refs, entries = site_lock(cluster, lane, inventory_file, cwd)
         wanted = missing(refs, entries)
         head = state.inventory.get_host(cluster.head.name)
         if wanted and head.connected:  # an unreachable head: pyinfra reports it; the lock is used as it is
@@ -361,7 +347,7 @@ def settle(state, settings: Settings, inventory_file: str | None, cwd: str | Pat
             entries = {**entries, **made}
             if not dry:
                 write(path, cluster.name, entries)
-        cluster = apply(cluster.model_copy(update={"lock_file": str(path)}), pins(refs, entries))
+        cluster = apply(cluster, pins(refs, entries), path)
         if lane is not None and lane.mods_from == "image":
             mods_folder(lane, dict(cluster.pins), fetch=True)  # the controller's copy of the build repository
         clusters[name] = cluster

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..lanes.schema import LaneError, display
 from ..run import load_files
 from ..settings import Cluster, SettingsError
-from . import LockError, cluster_lane, describe, lock_path, missing, read, references, resolve_here, write
+from . import LockError, cluster_lane, describe, missing, resolve_here, site_lock, write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 def lock_cluster(cluster: Cluster, inventory_file: str, update: set[str]) -> int:
     """``main``'s work for one cluster: resolve here, write, print the pins made and the diff."""
     cwd = Path.cwd()
-    path = lock_path(cluster, inventory_file, cwd)
-    refs = references(cluster, cluster_lane(cluster, cwd))
-    entries = read(path)
+    path, refs, entries = site_lock(cluster, cluster_lane(cluster, cwd), inventory_file, cwd)
     unknown = sorted(update - {r.name for r in refs} - {"all"})
     if unknown:
         print(f"{cluster.name}: --update {', '.join(unknown)}: no such reference "

@@ -400,19 +400,9 @@ def git_root(tmp_path) -> tuple[Path, str, str]:
 
 
 @pytest.fixture
-def git_server(root, git_root):
+def git_server(start, git_root):
     """``serve(smart)``: a hub serving ``git_root`` (``smart``: git http-backend too); the repository's URL."""
-    servers = []
-
-    def _serve(smart: bool = True) -> str:
-        server = hub.serve(root, "127.0.0.1", 0, token=TOKEN, git=git_root[0], git_smart=smart)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/git/x.git"
-
-    yield _serve
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return lambda smart=True: start(token=TOKEN, git=git_root[0], git_smart=smart) + "/git/x.git"
 
 
 @pytest.mark.parametrize("smart", [True, False], ids=["smart", "dumb"])
