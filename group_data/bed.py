@@ -17,11 +17,13 @@ preflight_free_gb = 1
 # 1.86-1.93 s with eight). A Spark has 20 cores and a 200G link, which one TCP stream cannot fill:
 # the default 8 there.
 stage_streams = 1
-# A liveness completion of the tiny model takes well under a second: a hung engine (a worker cut off
-# from the fabric) is told within 40 s (two failures), not the two minutes a Spark's default allows.
-lane_liveness_timeout = 20
-# A worker cut off from rank 0 stops itself after 30 s, not a Spark's 60: the bed's fault test stays short.
-lane_head_lost_timeout = 30
+# A liveness completion of the tiny model takes well under a second (a few on a loaded bed): a hung
+# engine (a worker cut off from the fabric) is told within 20 s (two failures of 10 s), looked at every
+# 10 s, not the two minutes a Spark's defaults allow. The fault tests derive their waits from these.
+lane_liveness_interval = 10
+lane_liveness_timeout = 10
+# A worker cut off from rank 0 stops itself after 15 s, not a Spark's 60.
+lane_head_lost_timeout = 15
 # The eugr README's clock lock, as a site on Sparks that shut down under load sets it (the bed's
 # nvidia-smi stand-in keeps it until reset or reboot).
 gpu_clock_cap = "200,2150"

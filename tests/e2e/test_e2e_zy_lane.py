@@ -18,6 +18,7 @@ import pytest
 
 import sparkbed as simbed
 from sparkinfra import lanes, transfer
+from sparkinfra.run import load_files
 
 INV = "inventory/sim.py"
 CONTAINER = "vllm_node"
@@ -217,61 +218,34 @@ def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
     assert run.changes == {"spark-1": 0, "spark-2": 0}, run.changed
 
 
-def test_head_watch_restarts_the_lane_without_a_converge(serving):
-    """A dead worker is noticed by the head's unit itself (no controller): the lane restarts as a
-    whole. ``logs --follow`` shows both ranks' lines during the restart, and ``status`` shows the
-    restart with its reason."""
-    bed, _, _ = serving
-    follow = subprocess.Popen(
-        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra.logs", INV, "--follow", "--lines", "0"],
-        cwd=Path(__file__).resolve().parents[2], env=simbed.controller_env(), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        _killed_worker_comes_back(bed)
-    finally:
-        follow.terminate()
-        followed, errors = follow.communicate(timeout=30)
-    for rank, node in ((0, "spark-1"), (1, "spark-2")):
-        assert re.search(rf"^\S+ \S+ {node} rank {rank} \| .*lane: page-cache dropper: every", followed, re.M), (
-            f"no start line of rank {rank} in logs --follow:\n{followed[-3000:]}\n{errors[-1000:]}")
-    assert "rank 1 on 10.213.1.2 is not running" in followed, followed[-3000:]
-    stamps = re.findall(r"^(\S+ \S+) ", followed, re.M)
-    assert stamps == sorted(stamps), "logs --follow is not in time order"
-    shown = _operator(bed, "status", "--json")
-    assert shown.returncode == 0, shown.stdout + shown.stderr
-    history = json.loads(shown.stdout)["clusters"][0]["history"]
-    stops = [e for e in history if e["event"] == "stop"]
-    assert stops and "rank 1 on 10.213.1.2 is not running" in stops[-1]["why"] and stops[-1]["failed"], history
-    starts = [e for e in history if e["event"] == "start"]
-    assert starts and starts[-1]["why"].startswith("after a failure: rank 1 on 10.213.1.2 is not running"), history
-    assert "after a failure: rank 1 on 10.213.1.2 is not running" in _operator(bed, "status").stdout
-
-
 def _restarts(bed, node="spark-1", lane="sim"):
     return int(bed.node(node, f"systemctl show -p NRestarts --value {UNIT.format(lane)}").stdout.strip() or 0)
 
 
 def test_a_worker_cut_off_past_the_liveness_window_comes_back_without_a_converge(serving):
-    """The worker's fabric port down for 75 s (past the bed's 40 s liveness window and the worker's
-    30 s rendezvous timeout, group_data/bed.py), then up, with no controller: the head restarts the lane once its API
-    stops completing, saying it could not reach (not stop) the worker; the worker stops itself, so it
-    never outlives rank 0 for long; restarts back off; the lane serves again by itself and a converge
-    then changes nothing."""
+    """The worker's fabric port down past the bed's liveness window (two failed completions) and the
+    worker's rendezvous timeout (group_data/bed.py: the cut is derived from them), then up, with no
+    controller: the head restarts the lane once its API stops completing, saying it could not reach
+    (not stop) the worker; the worker stops itself, so it never outlives rank 0 for long; restarts back
+    off; the lane serves again by itself and a converge then changes nothing."""
     bed, _, _ = serving
+    _, settings = load_files(INV)
+    config = settings.clusters["sim"].config
+    window, head_lost = 2 * config.lane_liveness_timeout, config.lane_head_lost_timeout
+    cut_for = window + head_lost + 20  # then a failed start or two, backed off, while the port is still down
     restarts, since = _restarts(bed), time.time() - 1
     bed.node("spark-2", "ip link set enp1s0f0np0 down")
     cut = time.monotonic()
     head_gone = worker_gone = None
     try:
-        while time.monotonic() - cut < 75:
+        while time.monotonic() - cut < cut_for:
             now = time.monotonic() - cut
             if head_gone is None and _container_id(bed, "spark-1") is None:
                 head_gone = now
             if worker_gone is None and _container_id(bed, "spark-2") is None:
                 worker_gone = now
             if head_gone is not None and worker_gone is None:  # no orphan: the worker follows within its timeout
-                assert now - head_gone < 30 + 15, f"the worker outlived rank 0 by {now - head_gone:.0f}s"
+                assert now - head_gone < head_lost + 15, f"the worker outlived rank 0 by {now - head_gone:.0f}s"
             time.sleep(2)
     finally:
         bed.node("spark-2", "ip link set enp1s0f0np0 up")
@@ -287,7 +261,7 @@ def test_a_worker_cut_off_past_the_liveness_window_comes_back_without_a_converge
         pytest.fail("the lane did not serve again by itself after the fabric came back")
     back = time.monotonic() - cut
     made = _restarts(bed) - restarts
-    print(f"fabric cut 75s: rank 0 stopped at {head_gone}s, the worker stopped itself at {worker_gone:.0f}s, "
+    print(f"fabric cut {cut_for}s: rank 0 stopped at {head_gone}s, the worker stopped itself at {worker_gone:.0f}s, "
           f"serving again {back:.0f}s after the cut, {made} restarts of the head's unit")
     assert 1 <= made <= 8, made  # backed off: not one every 5 s
     head = _journal(bed, "spark-1", "sim", since)
@@ -357,32 +331,17 @@ def test_a_rank_whose_container_would_fail_on_a_spark_does_not_start(serving, fa
     assert _container_id(bed, "spark-2") is None, "no worker container may start after a failed check"
 
 
-def test_stopped_head_unit_and_stale_containers_are_healed_by_one_converge(serving):
-    """Stopping the head's unit takes the worker down; containers left with the lane's name (a
-    stopped placeholder on the worker, a stray one running on the head) are replaced; and the three
-    faults above, at once on the worker, are healed by the same converge."""
+def test_a_stopped_head_a_rank_by_hand_without_the_pin_and_stale_containers_are_named_then_healed_by_one_converge(serving):
+    """Stopping the head's unit takes the worker down. Then, as people do from forum posts, the
+    worker's rank is started by hand with the node's NCCL env but not the tool's mounts (LD_PRELOAD
+    then names a file that is not there, and the bed's vLLM platform loads libnccl.so.2 by name as a
+    CUDA torch does: the image's own copy); a stray container with the lane's name runs on the head;
+    and the three container faults above are on the worker at once. verify and status read the
+    process's /proc/PID/maps and name the rank and the file; one converge replaces both containers,
+    heals the faults, and brings the lane back on the pin."""
     bed, _, _ = serving
     bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     assert _active(bed, "spark-2", "sim") != "active", "stopping the head must take the worker down"
-    bed.node("spark-2", f"docker create --name {CONTAINER} sparkbed/stage:1 true >/dev/null")
-    bed.node("spark-1", f"docker run -d --name {CONTAINER} --entrypoint sleep sparkbed/stage:1 600 >/dev/null")
-    bed.node("spark-2", " && ".join(FAULTS.values()))
-    run = bed.converge(INV, "deploys/serve.py")
-    assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
-    assert any("plan for lane sim" in op for op in run.changed["spark-2"]), run.changed
-    assert any("NCCL environment" in op for op in run.changed["spark-2"]), run.changed
-    _assert_serving(bed)
-    _verify_ok(bed)
-
-
-def test_a_rank_started_by_hand_without_the_pin_is_named_by_verify_and_status(serving):
-    """Identity in the running engine: the worker's rank started by hand with the node's NCCL env but
-    not the tool's mounts, as people do from forum posts (LD_PRELOAD then names a file that is not
-    there, and the bed's vLLM platform loads libnccl.so.2 by name as a CUDA torch does: the image's
-    own copy). verify and status read the process's /proc/PID/maps and name the rank and the file;
-    one converge brings the lane back on the pin."""
-    bed, _, _ = serving
-    bed.node("spark-1", f"systemctl stop {UNIT.format('sim')}")
     by_hand = ("import sparkbed_platform, time; sparkbed_platform.register(); time.sleep(900)")
     bed.node("spark-2", f"docker rm -f {CONTAINER} >/dev/null 2>&1; docker run -d --name {CONTAINER} --network host "
                         f"--env-file {NCCL_ENV} {_lane_image('sim')} python3 -c {shlex.quote(by_hand)} vllm-rank-by-hand")
@@ -399,9 +358,13 @@ def test_a_rank_started_by_hand_without_the_pin_is_named_by_verify_and_status(se
         shown = _operator(bed, "status").stdout
         assert re.search(r"spark-2 \(rank 1\): pid \d+ .* mapped /usr/lib/x86_64-linux-gnu/libnccl.so.2, .* not the pin",
                          shown), shown
+        bed.node("spark-2", " && ".join(FAULTS.values()))
+        bed.node("spark-1", f"docker run -d --name {CONTAINER} --entrypoint sleep sparkbed/stage:1 600 >/dev/null")
     finally:
         run = bed.converge(INV, "deploys/serve.py")
     assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
+    assert any("plan for lane sim" in op for op in run.changed["spark-2"]), run.changed
+    assert any("NCCL environment" in op for op in run.changed["spark-2"]), run.changed
     _assert_serving(bed)
     _verify_ok(bed)
 
@@ -467,9 +430,42 @@ def _mod_greeting(bed, node):
     return bed.node(node, f"docker exec {CONTAINER} cat /etc/sparkbed-mod/greeting", check=False).stdout.strip()
 
 
-def test_the_ray_lane_survives_a_killed_worker_like_the_mp_lane(serving):
+def test_head_watch_restarts_the_ray_lane_without_a_converge(serving):
+    """A dead worker is noticed by the head's unit itself (no controller): the lane (here the Ray
+    lane; the mp lane's watch is the same runner, restarted by the fabric cut above) restarts as a
+    whole. ``logs --follow`` shows both ranks' lines during the restart, and ``status`` shows the
+    restart with its reason."""
     bed, _, _ = serving
-    _killed_worker_comes_back(bed, "sim-b", "tiny-b")
+    data = ("--data", "lane=sim-b")
+    follow = subprocess.Popen(
+        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra.logs", INV, *data,
+         "--follow", "--lines", "0"],
+        cwd=Path(__file__).resolve().parents[2], env=simbed.controller_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _killed_worker_comes_back(bed, "sim-b", "tiny-b")
+    finally:
+        follow.terminate()
+        followed, errors = follow.communicate(timeout=30)
+    for rank, node in ((0, "spark-1"), (1, "spark-2")):
+        assert re.search(rf"^\S+ \S+ {node} rank {rank} \| .*lane: page-cache dropper: every", followed, re.M), (
+            f"no start line of rank {rank} in logs --follow:\n{followed[-3000:]}\n{errors[-1000:]}")
+    # Ray's head notices the lost node first and rank 0 exits; an mp head's watch finds rank 1 gone.
+    failure = re.search(r"^\S+ \S+ spark-1 rank 0 \| lane: the lane failed \(1 in a row\): "
+                        r"(rank 1 on 10\.213\.1\.2 is not running|rank 0 container exited with status \d+)$", followed, re.M)
+    assert failure, followed[-3000:]
+    reason = failure[1]
+    stamps = re.findall(r"^(\S+ \S+) ", followed, re.M)
+    assert stamps == sorted(stamps), "logs --follow is not in time order"
+    shown = _operator(bed, "status", "--json", *data)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    history = json.loads(shown.stdout)["clusters"][0]["history"]
+    stops = [e for e in history if e["event"] == "stop"]
+    assert stops and reason in stops[-1]["why"] and stops[-1]["failed"], history
+    starts = [e for e in history if e["event"] == "start"]
+    assert starts and starts[-1]["why"].startswith(f"after a failure: {reason}"), history
+    assert f"after a failure: {reason}" in _operator(bed, "status", *data).stdout
     result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")
     assert result.returncode == 0, result.output[-4000:]
 
