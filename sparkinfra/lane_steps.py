@@ -151,7 +151,7 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
             name=f"vLLM in {mine.image} accepts lane {name}'s arguments for every rank",
             lane=name,
             image=mine.image,
-            request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
+            request=lanes.vllm_request(lane, cluster, engine=True, in_image=True),
             docker_options=list(mine.docker_options),
             mods=list(mine.mods),
         )

@@ -327,7 +327,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
     mods = lanes.lane_mods(lane, dict(cluster.pins))  # groups expanded, in order
     draft = []
     for node in cluster.nodes:
-        launch = lanes.launch(lane, cluster, node.rank, gmu=config.gpu_memory_utilization)
+        launch = lanes.launch(lane, cluster, node.rank)
         is_head = node.rank == 0
         with_key = is_head and bool(config.api_key_env)  # the key's mount, the command's wrapper, lane_ctl's file
         draft.append(RankPlan(

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..settings import Cluster
+from ..settings import Cluster, serve_settings
 from .checks import effective_ports
 from .images import lane_image
 from .schema import PLACEHOLDER_RE, Lane, LaneError, lane_source
@@ -66,7 +66,10 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     """
     The container command of ``rank`` for ``lane`` on ``cluster``.
 
-    + gmu: GPU memory utilization replacing the lane's (a site's override)
+    + gmu: GPU memory utilization replacing the lane's and the cluster's (a tuning trial's)
+
+    The cluster's settings that reach ``vllm serve`` (``settings.serve_settings``) go to every rank
+    that runs it; the cluster's GMU replaces the lane's.
 
     mp: every rank runs ``vllm serve`` with ``--nnodes/--node-rank/--master-addr/--master-port``;
     rank 0 serves the API, the others run ``--headless``. ray: workers run ``ray start --block``,
@@ -75,10 +78,12 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     node = next((n for n in cluster.nodes if n.rank == rank), None)
     if node is None:
         raise LaneError(f"{lane_source(lane)}: cluster {cluster.name} has no rank {rank}")
-    utilization = lane.gpu_memory_utilization if gmu is None else gmu
+    config = cluster.config
+    site = serve_settings(config)  # the flags of the cluster's settings: reserved, so never in lane.serve
+    given = (gmu, site.pop("gpu_memory_utilization", None), lane.gpu_memory_utilization)
+    utilization = next(value for value in given if value is not None)
     if not 0 < utilization <= 1:
         raise LaneError(f"{lane_source(lane)}: gpu_memory_utilization override {utilization} is not in (0, 1]")
-    config = cluster.config
     head = str(cluster.head.fabric_ip)
     ports = effective_ports(lane, cluster)
     env = {
@@ -118,7 +123,7 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     if lane.launch == "ray":
         args += ["--distributed-executor-backend", "ray"]
     args += ["--gpu-memory-utilization", str(utilization)]
-    settings = dict(lane.serve)
+    settings = {**lane.serve, **site}
     if lane.speculative is not None:
         speculative = dict(lane.speculative)
         if lane.drafter:
