@@ -212,6 +212,12 @@ class HostSettings(BaseModel):
         None, gt=0, le=1, description="This cluster's GMU for every lane; empty: the lane's own value.",
         json_schema_extra={"serve": "gpu_memory_utilization"},
     )
+    api_unlogged_paths: str | None = Field(
+        None, pattern=r"^/[^\s,]*(,/[^\s,]*)*$",
+        description="Paths of the head's API left out of its access log, comma-separated (`/health,/metrics`: "
+        "the runner's health polls and a metrics scraper's, every few seconds); empty: every request is logged.",
+        json_schema_extra={"serve": "disable_access_log_for_endpoints"},
+    )
     lane_env: dict[EnvName, EnvValue] = Field(
         {}, description="Environment of every lane on this cluster, over the lane's own env (e.g. a tuned "
         "VLLM_CPU_KVCACHE_SPACE)."

@@ -332,6 +332,7 @@ def test_gmu_override(cluster_of):
 # Every setting whose Field names a ``vllm serve`` flag: a value, and the arguments it renders.
 SITE_SERVE = {
     "gpu_memory_utilization": (0.61, ["--gpu-memory-utilization", "0.61"]),
+    "api_unlogged_paths": ("/health,/metrics", ["--disable-access-log-for-endpoints", "/health,/metrics"]),
 }
 
 
