@@ -343,7 +343,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             mods=mod_digests(mods),
             env=_env(lane, cluster, node, launch),
             api_port=lane.api_port or config.api_port,
-            served_model_name=lane.served_model_name or lane.model,
+            served_model_name=lane.served_name,
             api_key_file=secret_env_path(lane.name) if with_key else "",
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),

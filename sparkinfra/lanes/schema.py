@@ -237,6 +237,11 @@ class Lane(BaseModel):
 
     _source: str | None = PrivateAttr(None)  # the file it was read from
 
+    @property
+    def served_name(self) -> str:
+        """The model's name in the API: ``served_model_name``, else the model's repo id."""
+        return self.served_model_name or self.model
+
     @model_validator(mode="after")
     def _check(self) -> "Lane":
         gpus = self.tensor_parallel * self.pipeline_parallel
