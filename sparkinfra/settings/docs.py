@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 import annotated_types
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from .loader import FORM
 from .model import HostSettings, serve_flag
