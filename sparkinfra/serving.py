@@ -375,11 +375,6 @@ def rendezvous_port(lane: lanes.Lane, cluster: Cluster) -> int:
     return ports["ray_port"] if lane.launch == "ray" else ports["master_port"]
 
 
-def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:
-    """The plan of node ``node_name``'s rank (carrying the lane's digest)."""
-    return next(p for p in rank_plans(lane, cluster) if p.node.name == node_name)
-
-
 def lane_digest(plans: list[RankPlan]) -> str:
     """One hash of every rank's plan, env, unit values, unit template and lane_ctl: any change restarts."""
     digest = hashlib.sha256()
