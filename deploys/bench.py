@@ -10,7 +10,7 @@ offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.m
 from pyinfra import host
 from pyinfra.operations import python
 
-from sparkinfra import run
+from sparkinfra import lane_steps, run
 from sparkinfra.bench.job import job_for, run_from_deploy
 from sparkinfra.bench.report import run_dir
 from sparkinfra.operations.lane import lane_warm
@@ -19,7 +19,7 @@ here = run.start()  # once per run: settings checked, SSH tuned, the converge lo
 cluster = here.cluster
 
 if here.is_head:
-    job = job_for(host, cluster)  # refuses a lane that is not serving its current plan
+    job = job_for(host, cluster, lane_steps.of_run(here))  # refuses a lane that is not serving its current plan
 
     lane_warm(
         name=f"Lane {job.meta.lane} is warm (one request per workload shape)",

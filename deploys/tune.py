@@ -17,7 +17,7 @@ here = run.start()  # once per run: settings checked, SSH tuned, the converge lo
 lane_steps.placed(here)  # plans, env files, units; validated; the trials start it
 
 if here.is_head:
-    job = tune.job_for(host, here.cluster)
+    job = tune.job_for(host, here.cluster, lane_steps.of_run(here))
     python.call(
         name=f"{job.knob.name} of lane {job.lane} is bracketed from {job.knob.format(job.start)} "
         f"(KV pool >= {job.required_tokens:,} tokens)",

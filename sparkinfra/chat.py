@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
-from . import lanes
+from .cluster_lane import cluster_lane
 from .run import load_files
 
 
@@ -43,13 +43,12 @@ def main(argv: list[str] | None = None) -> int:
 
     _, settings = load_files(args.inventory, args.data)
     cluster = settings.clusters[args.cluster] if args.cluster else next(iter(settings.clusters.values()))
-    if not cluster.config.lane:
+    on = cluster_lane(cluster)
+    if on is None:
         print(f"cluster {cluster.name} serves no lane (settings: lane)", file=sys.stderr)
         return 2
-    lane = lanes.find_lane(cluster.config.lane)
-    port = lanes.effective_ports(lane, cluster)["api_port"]
-    url = f"http://{cluster.head.ssh_host}:{port}/v1/chat/completions"
-    model = lane.served_model_name or lane.model
+    url = f"{on.api_url}/v1/chat/completions"
+    model = on.served_name
     api_key = os.environ.get(cluster.config.api_key_env, "") if cluster.config.api_key_env else ""
     started = time.monotonic()
     try:
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - started
     text = reply["choices"][0]["message"]["content"]
     tokens = reply["usage"]["completion_tokens"]
-    print(f"[{cluster.name} / lane {lane.name} / {model}] {args.prompt}")
+    print(f"[{cluster.name} / lane {on.lane.name} / {model}] {args.prompt}")
     print(text)
     print(f"-- {tokens} tokens in {seconds:.2f}s from {url}")
     return 0

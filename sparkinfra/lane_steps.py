@@ -8,17 +8,24 @@ The steps of a lane on its cluster, shared by ``deploys/lane.py`` (placed, then 
     plan = lane_steps.placed(here)                # every node: files, unit (the head validates); then no other lane
     if plan and here.is_head:
         lane_steps.serving_from_head(here, plan)  # the head starts every rank, waits until ready, warms
+
+``of_run(here)`` is the cluster's lane on it (``cluster_lane.ClusterLane``), built once per run and
+cluster, which every step (and ``deploys/tune.py``, ``deploys/bench.py``) reads.
 """
 
 from __future__ import annotations
 
+import weakref
+
 from pyinfra import host, inventory
-from pyinfra.api import deploy
+from pyinfra.api import State, deploy
+from pyinfra.context import ctx_state
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from . import lanes, serving
-from .lanes import Lane
+from .cluster_lane import ClusterLane, cluster_lane
+from .facts.reading import unproxied
 from .operations.files import file_content, render, secret_env_file
 from .operations.nccl import NCCL_IDENTITY
 from .operations.lane import (
@@ -32,6 +39,18 @@ from .operations.units import service_enabled
 from .run import Here
 
 
+# The run's lanes, by its own state (as ``run.start`` keeps its settings): cluster name -> its lane.
+_built: weakref.WeakKeyDictionary[State, dict[str, ClusterLane | None]] = weakref.WeakKeyDictionary()
+
+
+def of_run(here: Here) -> ClusterLane | None:
+    """The lane ``here``'s cluster serves, on it (None: none), built by the first host that asks."""
+    built = _built.setdefault(unproxied(ctx_state.get()), {})
+    if here.cluster.name not in built:
+        built[here.cluster.name] = cluster_lane(here.cluster)
+    return built[here.cluster.name]
+
+
 def placed(here: Here) -> serving.RankPlan | None:
     """
     Place the cluster's lane on this node (runner, env files, plan, unit; validated by vLLM in the
@@ -39,15 +58,14 @@ def placed(here: Here) -> serving.RankPlan | None:
     is placed and validated on the head (a head that failed leaves it serving). This node's plan,
     or None when the cluster has no lane.
     """
-    cluster, config = here.cluster, here.cluster.config
-    lane = lanes.find_lane(config.lane) if config.lane else None
+    on = of_run(here)
     mine = None
-    if lane:
+    if on:
         if here.is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
-            lanes.refuse_invalid(lane, cluster)
-        mine = serving.plan_of(lane, cluster, host.name)
-        _files(here, lane, mine)
-    _no_other_lane(here, config.lane)
+            lanes.refuse_invalid(on.lane, on.cluster)
+        mine = on.plan(host.name)
+        _files(here, on, mine)
+    _no_other_lane(here, here.cluster.config.lane)
     return mine
 
 
@@ -82,8 +100,8 @@ def _no_other_lane(here: Here, lane: str) -> None:
 
 
 @deploy("Lane files")
-def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
-    cluster, config = here.cluster, here.cluster.config
+def _files(here: Here, on: ClusterLane, mine: serving.RankPlan) -> None:
+    cluster, config, lane = on.cluster, on.cluster.config, on.lane
     name = lane.name
     file_content(
         name=f"Lane runner is at {serving.LANE_CTL}",
@@ -106,7 +124,7 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
         path=serving.APPLY_MODS,
         src=str(serving.APPLY_MODS_SOURCE),
     )
-    for mod in lanes.lane_mods(lane, dict(cluster.pins)):  # each file as it is on the controller: the plan holds their digest
+    for mod in on.mods:  # each file as it is on the controller: the plan holds their digest
         for relative, path in lanes.mod_files(mod):
             file_content(
                 name=f"Mod {mod.name} of lane {name} has {relative}",
@@ -151,7 +169,7 @@ def _files(here: Here, lane: Lane, mine: serving.RankPlan) -> None:
             name=f"vLLM in {mine.image} accepts lane {name}'s arguments for every rank",
             lane=name,
             image=mine.image,
-            request=lanes.vllm_request(lane, cluster, engine=True, gmu=config.gpu_memory_utilization, in_image=True),
+            request=lanes.vllm_request(lane, cluster, engine=True, in_image=True),
             docker_options=list(mine.docker_options),
             mods=list(mine.mods),
         )

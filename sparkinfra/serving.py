@@ -327,7 +327,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
     mods = lanes.lane_mods(lane, dict(cluster.pins))  # groups expanded, in order
     draft = []
     for node in cluster.nodes:
-        launch = lanes.launch(lane, cluster, node.rank, gmu=config.gpu_memory_utilization)
+        launch = lanes.launch(lane, cluster, node.rank)
         is_head = node.rank == 0
         with_key = is_head and bool(config.api_key_env)  # the key's mount, the command's wrapper, lane_ctl's file
         draft.append(RankPlan(
@@ -343,7 +343,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             mods=mod_digests(mods),
             env=_env(lane, cluster, node, launch),
             api_port=lane.api_port or config.api_port,
-            served_model_name=lane.served_model_name or lane.model,
+            served_model_name=lane.served_name,
             api_key_file=secret_env_path(lane.name) if with_key else "",
             workers=tuple((str(w.fabric_ip), w.rank) for w in cluster.workers) if is_head else (),
             warmup=tuple(w.model_dump(exclude_none=True) for w in lane.warmup) if is_head else (),
@@ -373,11 +373,6 @@ def rendezvous_port(lane: lanes.Lane, cluster: Cluster) -> int:
     runs: Ray's GCS for a Ray lane, else torch.distributed's store (the master port)."""
     ports = lanes.effective_ports(lane, cluster)
     return ports["ray_port"] if lane.launch == "ray" else ports["master_port"]
-
-
-def plan_of(lane: lanes.Lane, cluster: Cluster, node_name: str) -> RankPlan:
-    """The plan of node ``node_name``'s rank (carrying the lane's digest)."""
-    return next(p for p in rank_plans(lane, cluster) if p.node.name == node_name)
 
 
 def lane_digest(plans: list[RankPlan]) -> str:

@@ -29,6 +29,7 @@ from pyinfra.api import QuoteString, StringCommand
 from ipaddress import IPv4Interface
 
 from . import chat, lanes, nccl_log, remote, roce, scripts, serving, transfer
+from .cluster_lane import cluster_lane
 from .operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
 from .run import InventorySettingsError
 from .settings import Cluster, Fabric
@@ -45,15 +46,14 @@ class Expected:
     digest: str = ""
     image: str = ""
     api_port: int = 0
+    served_name: str = ""
 
 
 def expected(cluster: Cluster) -> Expected:
-    config = cluster.config
-    if not config.lane:
+    on = cluster_lane(cluster)
+    if on is None:
         return Expected(None)
-    lane = lanes.find_lane(config.lane)
-    plans = serving.rank_plans(lane, cluster)
-    return Expected(lane, plans[0].digest, plans[0].image, lanes.effective_ports(lane, cluster)["api_port"])
+    return Expected(on.lane, on.digest, on.image, on.api_port, on.served_name)
 
 
 def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
@@ -101,7 +101,7 @@ def api_state(cluster: Cluster, want: Expected) -> dict:
     key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
     began = time.monotonic()
     try:
-        reply = chat.chat(f"{base}/v1/chat/completions", want.lane.served_model_name or want.lane.model, "ping", 1,
+        reply = chat.chat(f"{base}/v1/chat/completions", want.served_name, "ping", 1,
                           key, timeout=60)
         found["seconds"] = round(time.monotonic() - began, 3)
         found["completion"] = "ok" if reply.get("usage", {}).get("completion_tokens") else "no tokens"

@@ -17,10 +17,11 @@ from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
 
 from . import gmu, lanes, serving, vllm_log
+from .cluster_lane import ClusterLane
+from .settings import SERVE_KEYS
 from .facts.lane import LaneStatus
 
 KNOBS = {"gpu_memory_utilization": gmu.GMU, "VLLM_CPU_KVCACHE_SPACE": gmu.CPU_KV_SPACE}
-FLAGS = {"gpu_memory_utilization": "--gpu-memory-utilization"}  # else: an environment variable
 
 
 class TuneRefused(PyinfraError):
@@ -46,12 +47,13 @@ class TuneJob:
         return Path(self.results_dir) / self.cluster / self.lane / f"tune-{self.timestamp}"
 
 
-def job_for(host, cluster) -> TuneJob:
-    """The bracketing of the cluster's lane, from its settings (``tune_*``) and the head's facts."""
+def job_for(host, cluster, on: ClusterLane | None) -> TuneJob:
+    """The bracketing of the cluster's lane (``on``: it on the cluster, None: none), from its settings
+    (``tune_*``) and the head's facts."""
     config = cluster.config
-    if not config.lane:
+    if on is None:
         raise TuneRefused(f"cluster {cluster.name} serves no lane (settings: lane)")
-    lane = lanes.find_lane(config.lane)
+    lane = on.lane
     required = lane.serve.get("max_model_len")
     if not isinstance(required, int):
         raise TuneRefused(f"{lanes.lane_source(lane)}: serve.max_model_len is not set: the KV pool it needs is unknown")
@@ -62,7 +64,7 @@ def job_for(host, cluster) -> TuneJob:
     if config.tune_start is not None:
         start = config.tune_start
     elif name == "gpu_memory_utilization":
-        start = config.gpu_memory_utilization or lane.gpu_memory_utilization
+        start = on.gmu
     else:
         env = {**lane.env, **config.lane_env}
         if name not in env:
@@ -72,10 +74,17 @@ def job_for(host, cluster) -> TuneJob:
         raise TuneRefused(f"tune_start {start} is outside {knob.name}'s range {knob.lo}..{knob.hi} (settings: tune_max)")
     status = host.get_fact(LaneStatus, lane=lane.name, probe=False) or {}
     return TuneJob(
-        cluster=cluster.name, lane=lane.name, knob=knob, trial_knob=FLAGS.get(name, name), start=start,
+        cluster=cluster.name, lane=lane.name, knob=knob, trial_knob=_trial_knob(name), start=start,
         required_tokens=required, max_starts=config.tune_max_starts, timeout=config.lane_ready_timeout,
         results_dir=config.results_dir, restore=status.get("unit") == "active",
     )
+
+
+def _trial_knob(name: str) -> str:
+    """What a trial sets for knob ``name``: the ``vllm serve`` flag its setting renders, else the
+    environment variable of that name."""
+    flag = next((flag for flag, key in SERVE_KEYS.items() if key == name), None)
+    return f"--{flag.replace('_', '-')}" if flag else name
 
 
 def trial(host, job: TuneJob, value: float, number: int, log) -> vllm_log.Outcome:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import PyinfraError
 
-from .. import lanes, serving, transfer
+from .. import transfer
+from ..cluster_lane import ClusterLane
 from ..facts.lane import LaneStatus
 from ..facts.nccl import NcclVersion
 from ..facts.stage import DockerImageId, SnapshotFiles
@@ -161,18 +162,17 @@ def run(job: Job, host=None, log=print) -> Path:
     return write_results(job.results_dir, job.meta, records, rows, benchy_raw=raw)
 
 
-def job_for(host, cluster) -> Job:
+def job_for(host, cluster, on: ClusterLane | None) -> Job:
     """
-    The bench job of a cluster's lane, from its settings and the head's facts (image ID, NCCL,
-    tokenizer files). Refuses (``BenchRefused``) a cluster with no lane, or a lane not serving
+    The bench job of a cluster's lane (``on``: it on the cluster, None: none), from its settings and
+    the head's facts (image ID, NCCL, tokenizer files). Refuses (``BenchRefused``) a cluster with no lane, or a lane not serving
     its current plan: a bench never starts or restarts what it measures.
     """
 
     config = cluster.config
-    if not config.lane:
+    if on is None:
         raise BenchRefused(f"cluster {cluster.name} serves no lane (settings: lane)")
-    lane = lanes.find_lane(config.lane)
-    digest = serving.rank_plans(lane, cluster)[0].digest
+    lane, digest = on.lane, on.digest
     status = host.get_fact(LaneStatus, lane=lane.name) or {}
     if status.get("unit") != "active" or status.get("started") != digest or status.get("api") != "ok":
         found = (f"unit {status.get('unit', 'not installed')}, plan {status.get('started') or 'none'} "
@@ -182,7 +182,7 @@ def job_for(host, cluster) -> Job:
     revision = dict(transfer.models(cluster)).get(lane.model, "main")
     snapshot = f"{transfer.repo_dir(config.model_dir, lane.model)}/snapshots/{revision}"
     files = host.get_fact(SnapshotFiles, path=snapshot)
-    image = lanes.lane_image(lane, config.image, dict(cluster.pins)).ref
+    image = on.image
     kv_space = next((v for k, v in lane.env.items() if k == "VLLM_CPU_KVCACHE_SPACE"), None)
     switch = lane.thinking.model_dump()  # its chat template's thinking key and values
     meta = Meta(
@@ -192,18 +192,17 @@ def job_for(host, cluster) -> Job:
         model=lane.model,
         model_revision=revision,
         nccl_version=host.get_fact(NcclVersion, path=config.nccl_library) or "",
-        gmu=config.gpu_memory_utilization or lane.gpu_memory_utilization,
+        gmu=on.gmu,
         extra={
             "plan": digest, "image_name": image, "nodes": len(cluster.nodes), "tensor_parallel": lane.tensor_parallel,
-            "served_model_name": lane.served_model_name or lane.model,
+            "served_model_name": on.served_name,
             "thinking_switch": switch,
             **({"VLLM_CPU_KVCACHE_SPACE": kv_space} if kv_space else {}),
         },
     )
-    port = lanes.effective_ports(lane, cluster)["api_port"]
     return Job(
-        base_url=f"http://{cluster.head.ssh_host}:{port}",
-        served_model=lane.served_model_name or lane.model,
+        base_url=on.api_url,
+        served_model=on.served_name,
         api_key_env=config.api_key_env,
         snapshot=snapshot,
         tokenizer_files={name: files[name] for name in tokenizer_names(files)},

@@ -17,7 +17,7 @@ from .checks import check_lane, effective_ports, lane_problems
 from .eugr import import_eugr
 from .images import Image, Recipe, lane_image, load_recipe
 from .mods import Mod, ModsNotFetched, lane_mods, mod_digest, mod_files
-from .render import Launch, container_options, lane_yaml, launch, serve_flags
+from .render import Launch, container_options, lane_yaml, launch, serve_flags, utilization
 from .schema import (
     CHECK_CACHE,
     CHECK_SCRIPT,
@@ -47,5 +47,6 @@ __all__ = [
     "CHECK_CACHE", "CHECK_SCRIPT", "LANES_DIR", "NO_VLLM", "PLACEHOLDERS", "RESERVED", "Container", "Image", "Lane",
     "LaneError", "Launch", "display", "check_lane", "display", "check_with_vllm", "container_options", "effective_ports",
     "find_lane", "import_eugr", "lane_dirs", "lane_image", "load_recipe", "Recipe", "lane_problems", "lane_source", "lane_yaml", "launch",
-    "load_lane", "mods_dir", "Mod", "ModsNotFetched", "lane_mods", "mod_digest", "mod_files", "refuse_invalid", "serve_flags", "validate_with_vllm", "vllm_errors", "vllm_request",
+    "load_lane", "mods_dir", "Mod", "ModsNotFetched", "lane_mods", "mod_digest", "mod_files", "refuse_invalid", "serve_flags", "utilization", "validate_with_vllm", "vllm_errors",
+    "vllm_request",
 ]

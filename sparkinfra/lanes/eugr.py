@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from ..settings import HostSettings
 from .schema import (
     PLACEHOLDER_RE,
+    RESERVED,
     Lane,
     LaneError,
     display,
@@ -38,7 +39,10 @@ _RECIPE_KEYS = {
     "name", "recipe_version", "description", "model", "container", "command", "defaults", "env", "mods",
     "build_args", "cluster_only", "solo_only",
 }
-_PER_RANK = ("nnodes", "node_rank", "master_addr", "master_port", "headless", "data_parallel_rank")
+# The flags sparkinfra renders itself (``RESERVED``) an import turns into the lane's own keys.
+_MAPPED = ("model", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "host", "port",
+           "distributed_executor_backend", "speculative_config", "served_model_name")
+_PER_RANK = ("data_parallel_rank",)  # not rendered, but never the same on every rank
 
 
 def _value(text: str) -> Any:
@@ -172,10 +176,10 @@ def import_eugr(path: str | Path) -> Lane:
         refuse("command", "no model (vllm serve MODEL)")
     if recipe.get("model") and recipe["model"] != model:
         refuse("model", f"{recipe['model']!r} differs from the command's model {model!r}")
-    for key in ("revision", *_PER_RANK):
-        if key in settings:
-            where = "the cluster's model_revision setting" if key == "revision" else "sparkinfra, per rank"
-            refuse("command", f"--{key.replace('_', '-')} is set by {where}; remove it")
+    for key in settings:
+        if key in _PER_RANK or key in RESERVED and key not in _MAPPED:
+            where = f"from {RESERVED[key]}" if key in RESERVED else "per rank"
+            refuse("command", f"--{key.replace('_', '-')} is set by sparkinfra {where}; remove it")
 
     tp = settings.pop("tensor_parallel_size", 1)
     pp = settings.pop("pipeline_parallel_size", 1)

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..settings import Cluster
+from ..settings import Cluster, serve_settings
 from .checks import effective_ports
 from .images import lane_image
 from .schema import PLACEHOLDER_RE, Lane, LaneError, lane_source
@@ -62,11 +62,21 @@ def _fill(value: str, values: dict[str, str]) -> str:
     return PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), value)
 
 
+def utilization(lane: Lane, cluster: Cluster, gmu: float | None = None) -> float:
+    """The GPU memory utilization ``lane`` starts with on ``cluster``: ``gmu`` (a tuning trial's), else
+    the cluster's setting, else the lane's."""
+    given = (gmu, cluster.config.gpu_memory_utilization, lane.gpu_memory_utilization)
+    return next(value for value in given if value is not None)
+
+
 def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) -> Launch:
     """
     The container command of ``rank`` for ``lane`` on ``cluster``.
 
-    + gmu: GPU memory utilization replacing the lane's (a site's override)
+    + gmu: GPU memory utilization replacing the lane's and the cluster's (a tuning trial's)
+
+    The cluster's settings that reach ``vllm serve`` (``settings.serve_settings``) go to every rank
+    that runs it; the cluster's GMU replaces the lane's.
 
     mp: every rank runs ``vllm serve`` with ``--nnodes/--node-rank/--master-addr/--master-port``;
     rank 0 serves the API, the others run ``--headless``. ray: workers run ``ray start --block``,
@@ -75,10 +85,12 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     node = next((n for n in cluster.nodes if n.rank == rank), None)
     if node is None:
         raise LaneError(f"{lane_source(lane)}: cluster {cluster.name} has no rank {rank}")
-    utilization = lane.gpu_memory_utilization if gmu is None else gmu
-    if not 0 < utilization <= 1:
-        raise LaneError(f"{lane_source(lane)}: gpu_memory_utilization override {utilization} is not in (0, 1]")
     config = cluster.config
+    site = serve_settings(config)  # the flags of the cluster's settings: reserved, so never in lane.serve
+    site.pop("gpu_memory_utilization", None)  # rendered first, over the lane's
+    gpu_memory = utilization(lane, cluster, gmu)
+    if not 0 < gpu_memory <= 1:
+        raise LaneError(f"{lane_source(lane)}: gpu_memory_utilization override {gpu_memory} is not in (0, 1]")
     head = str(cluster.head.fabric_ip)
     ports = effective_ports(lane, cluster)
     env = {
@@ -106,7 +118,7 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     args = [
         lane.model,
         "--revision", config.model_revision,
-        "--served-model-name", lane.served_model_name or lane.model,
+        "--served-model-name", lane.served_name,
         "--tensor-parallel-size", str(lane.tensor_parallel),
         "--pipeline-parallel-size", str(lane.pipeline_parallel),
     ]
@@ -117,8 +129,8 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
         ]
     if lane.launch == "ray":
         args += ["--distributed-executor-backend", "ray"]
-    args += ["--gpu-memory-utilization", str(utilization)]
-    settings = dict(lane.serve)
+    args += ["--gpu-memory-utilization", str(gpu_memory)]
+    settings = {**lane.serve, **site}
     if lane.speculative is not None:
         speculative = dict(lane.speculative)
         if lane.drafter:

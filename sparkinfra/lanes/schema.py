@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from pyinfra.api.exceptions import PyinfraError
 
 from .. import scripts
+from ..settings import SERVE_KEYS
 
 LANES_DIR = Path(__file__).resolve().parents[2] / "lanes"
 CHECK_SCRIPT = scripts.path("vllm_check.py")
@@ -42,8 +43,10 @@ NO_VLLM = "vLLM is not importable"
 PLACEHOLDERS = ("rank", "fabric_ip", "head_ip")
 PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-# ``vllm serve`` settings sparkinfra renders itself, and where each one comes from.
+# ``vllm serve`` settings sparkinfra renders itself, and where each one comes from: the lane's keys,
+# each rank's place, and every setting whose Field names its flag (``settings.SERVE_KEYS``).
 RESERVED = {
+    **{flag: f"the cluster's `{key}` setting" for flag, key in SERVE_KEYS.items()},
     "model": "the lane's `model`",
     "model_tag": "the lane's `model`",
     "revision": "the cluster's `model_revision` setting",
@@ -54,7 +57,7 @@ RESERVED = {
     "node_rank": "each node's rank",
     "master_addr": "the head's fabric address",
     "master_port": "`master_port` (lane, else cluster setting)",
-    "gpu_memory_utilization": "the lane's `gpu_memory_utilization`",
+    "gpu_memory_utilization": "the lane's `gpu_memory_utilization` (the cluster's setting over it)",
     "host": "sparkinfra (rank 0 serves on 0.0.0.0)",
     "port": "`api_port` (lane, else cluster setting)",
     "headless": "sparkinfra (every rank above 0)",
@@ -233,6 +236,11 @@ class Lane(BaseModel):
     )
 
     _source: str | None = PrivateAttr(None)  # the file it was read from
+
+    @property
+    def served_name(self) -> str:
+        """The model's name in the API: ``served_model_name``, else the model's repo id."""
+        return self.served_model_name or self.model
 
     @model_validator(mode="after")
     def _check(self) -> "Lane":

@@ -13,6 +13,7 @@ import re
 import shlex
 
 from .. import serving
+from ..cluster_lane import cluster_lane
 from ..operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_env, nccl_variables, upload_identity
 from ..settings import Cluster
 from .checks import check_lane
@@ -92,12 +93,13 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
     problems = check_lane(lane, cluster) if problems is None else problems
     mods, unfetched = mod_lines(lane, cluster)
     # Mods a converge fetches first are left out of the plans shown (their digests are not known yet).
-    plans = serving.rank_plans(lane.model_copy(update={"mods": []}) if unfetched else lane, cluster)
+    on = cluster_lane(cluster, lane.model_copy(update={"mods": []}) if unfetched else lane)
+    plans = on.plans
     revisions = [f"model {config.model} @ {config.model_revision}" if config.model else "model: none set (settings: model)"]
     if config.drafter:
         revisions.append(f"drafter {config.drafter} @ {config.drafter_revision}")
     out = [
-        f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {plans[0].digest}",
+        f"Lane {lane.name} on cluster {cluster.name} ({len(cluster.nodes)} nodes), plan {on.digest}",
         "  " + "; ".join(revisions),
         "  " + image_line(lane, config.image, dict(cluster.pins)),
         *("  " + line for line in mods),

@@ -33,14 +33,12 @@ else:
 """
 
 
-def vllm_request(
-    lane: Lane, cluster: Cluster, engine: bool = False, gmu: float | None = None, in_image: bool = False
-) -> dict:
+def vllm_request(lane: Lane, cluster: Cluster, engine: bool = False, in_image: bool = False) -> dict:
     """
     The request of ``sparkinfra/scripts/vllm_check.py`` (``CHECK_SCRIPT``) for every rank of ``lane``
     on ``cluster``: ``image_flags`` are stripped, unless the check runs in the lane's image.
     """
-    launches = [launch(lane, cluster, node.rank, gmu) for node in cluster.nodes]
+    launches = [launch(lane, cluster, node.rank) for node in cluster.nodes]
     return {
         "ranks": [each.serve_args for each in launches],
         "engine": engine,
@@ -143,7 +141,6 @@ def validate_with_vllm(
     engine: bool = False,
     env: dict[str, str] | None = None,
     cache: Path | None = CHECK_CACHE,
-    gmu: float | None = None,
 ) -> list[str]:
     """
     Check every rank's ``vllm serve`` arguments with vLLM's own parser and
@@ -152,7 +149,7 @@ def validate_with_vllm(
     ``python`` looks for them). Returns error messages, empty if valid; without vLLM a single note
     starting with ``NO_VLLM`` (the caller decides).
     """
-    result = check_with_vllm([vllm_request(lane, cluster, engine, gmu)], python, env, cache)[0]
+    result = check_with_vllm([vllm_request(lane, cluster, engine)], python, env, cache)[0]
     return vllm_errors(lane, result)
 
 
@@ -160,20 +157,17 @@ def refuse_invalid(
     lane: Lane,
     cluster: Cluster,
     python: str = sys.executable,
-    gmu: float | None = None,
     env: dict[str, str] | None = None,
     cache: Path | None = CHECK_CACHE,
 ) -> None:
     """
     Raise ``LaneError`` with everything that keeps ``lane`` from serving on ``cluster``:
     ``check_lane``, then the controller's vLLM parser (cached; skipped where the controller has no
-    vLLM: the check in the image follows). Rendered with ``gmu``, else the cluster's override.
+    vLLM: the check in the image follows).
     """
-    if gmu is None:
-        gmu = cluster.config.gpu_memory_utilization
     problems = check_lane(lane, cluster)
     if not problems:
-        messages = validate_with_vllm(lane, cluster, python=python, env=env, cache=cache, gmu=gmu)
+        messages = validate_with_vllm(lane, cluster, python=python, env=env, cache=cache)
         problems = [m for m in messages if not m.startswith(NO_VLLM)]
     if problems:
         raise LaneError(

@@ -1,5 +1,5 @@
 """
-The README and docs/ checked against the code: the settings table mirrors the settings model, the
+The README and docs/ checked against the code: the settings page is the one the model generates, the
 README stays short with the two set-up commands on its first screen, every deploy, shipped lane,
 bed subcommand and benchmark has its place in its page, every relative link resolves, and every
 ``python -m sparkinfra.X`` names a module that runs. Each check is a function returning what is
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkinfra.settings import HostSettings
+from sparkinfra.settings.docs import COMMAND, settings_page
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -32,37 +33,27 @@ def pages() -> list[Path]:
     return [README, *sorted(DOCS.glob("*.md"))]
 
 
-# --- (1) docs/settings.md mirrors HostSettings -------------------------------------------------
-
-def settings_rows(text: str) -> dict[str, tuple[str, str]]:
-    """key -> (default, meaning) of every row of the settings table."""
-    rows = {}
-    for line in text.splitlines():
-        m = re.match(r"\| `(\w+)` \| [^|]+ \| (.*?) \| (.*?) \|$", line)
-        if m:
-            rows[m.group(1)] = (m.group(2), m.group(3))
-    return rows
-
+# --- (1) docs/settings.md is generated from the settings model ---------------------------------
 
 def settings_problems(text: str) -> list[str]:
-    rows = settings_rows(text)
-    fields = HostSettings.model_fields
-    problems = [f"{k}: a setting with no row" for k in sorted(set(fields) - set(rows))]
-    problems += [f"{k}: a row with no setting" for k in sorted(set(rows) - set(fields))]
-    for name, field in fields.items():
-        if name not in rows:
-            continue
-        default, meaning = rows[name]
-        want = "required" if field.is_required() else f"`{field.get_default(call_default_factory=True)}`"
-        if default != want:
-            problems.append(f"{name}: default {default}, the model's {want}")
-        if meaning != field.description:
-            problems.append(f"{name}: meaning {meaning!r}, the model's {field.description!r}")
-    return problems
+    """What differs from the page the model generates, with the command that regenerates it."""
+    want = settings_page()
+    if text == want:
+        return []
+    got, wanted = text.splitlines(), want.splitlines()
+    line = next((i for i, (a, b) in enumerate(zip(got, wanted)) if a != b), min(len(got), len(wanted)))
+    return [f"docs/settings.md is stale from line {line + 1}: run `{COMMAND}`"]
 
 
-def test_settings_page_mirrors_the_model():
+def test_settings_page_is_generated_from_the_model():
     assert not settings_problems(read(DOCS / "settings.md"))
+
+
+def test_settings_page_says_every_setting_and_its_flag():
+    page = settings_page()
+    for key, field in HostSettings.model_fields.items():
+        assert f"| `{key}` |" in page and field.description in page, key
+    assert "`vllm serve --gpu-memory-utilization`" in page
 
 
 # --- (2) the README: short, two set-up commands on its first screen ----------------------------
@@ -252,5 +243,5 @@ def test_the_checks_can_fail(monkeypatch):
     assert not link_problems(README, "[site](https://pyinfra.com) [here](#docs) [lanes](docs/lanes.md#mods)")
 
     assert module_problems("README.md", "python -m sparkinfra.nothing_here")
-    assert module_problems("README.md", "python -m sparkinfra.settings")  # a module without __main__
+    assert module_problems("README.md", "python -m sparkinfra.facts")  # a package without __main__
     assert not module_problems("README.md", "python -m sparkinfra.chat and python -m sparkinfra.lanes show")

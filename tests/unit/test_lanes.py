@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from spark_cluster import load_cluster
 
 from sparkinfra import lanes
@@ -49,7 +50,8 @@ from sparkinfra.lanes import (
     vllm_errors,
     vllm_request,
 )
-from sparkinfra.lanes.schema import MAX_BYTES, MAX_DEPTH, MAX_VALUES, read_yaml
+from sparkinfra.lanes.schema import MAX_BYTES, MAX_DEPTH, MAX_VALUES, RESERVED, read_yaml
+from sparkinfra.settings import SERVE_KEYS
 from sparkinfra.scripts.vllm_check import _find, strip_flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -325,6 +327,34 @@ def test_gmu_override(cluster_of):
         launch(lane, cluster_of(lane), 0, gmu=1.2)
     with pytest.raises(LaneError, match="has no rank 2"):
         launch(lane, cluster_of(lane), 2)
+
+
+# Every setting whose Field names a ``vllm serve`` flag: a value, and the arguments it renders.
+SITE_SERVE = {
+    "gpu_memory_utilization": (0.61, ["--gpu-memory-utilization", "0.61"]),
+    "api_unlogged_paths": ("/health,/metrics", ["--disable-access-log-for-endpoints", "/health,/metrics"]),
+}
+
+
+def test_every_serve_setting_has_its_case():
+    assert set(SITE_SERVE) == set(SERVE_KEYS.values())
+
+
+@pytest.mark.parametrize("key", sorted(SITE_SERVE))
+def test_a_serve_setting_reaches_every_serving_rank_and_no_lane_sets_it(cluster_of, key):
+    value, rendered = SITE_SERVE[key]
+    flag = next(f for f, k in SERVE_KEYS.items() if k == key)
+    lane = find_lane("sim")  # mp: every rank runs vllm serve
+    cluster = cluster_of(lane)
+    assert value != getattr(cluster.config, key)
+    site = cluster.model_copy(update={"config": cluster.config.model_copy(update={key: value})})
+    for rank in (0, 1):
+        args = launch(lane, site, rank).serve_args
+        at = args.index(rendered[0])
+        assert args[at:at + len(rendered)] == rendered and args.count(rendered[0]) == 1
+    assert flag in RESERVED  # a lane's serve cannot set it too
+    with pytest.raises(ValidationError, match=f"set by sparkinfra from the .*`{key}`"):
+        Lane.model_validate({**lane.model_dump(exclude={"serve"}), "serve": {**lane.serve, flag: value}})
 
 
 def test_lane_ports_replace_the_cluster_settings(cluster_of):
@@ -747,8 +777,8 @@ command: |
 @pytest.mark.parametrize("change, key, fragment", [
     (("{port}", "{api}"), "command", "placeholder {api} has no value in defaults"),
     (('A: "1"', "A: $SECRET"), "env.A", "'$SECRET' expands the launching shell's variable"),
-    (("--port {port}", "--port {port} --nnodes 2"), "command", "--nnodes is set by sparkinfra, per rank"),
-    (("--port {port}", "--port {port} --revision abc"), "command", "the cluster's model_revision setting"),
+    (("--port {port}", "--port {port} --nnodes 2"), "command", "--nnodes is set by sparkinfra from the lane's `nodes`"),
+    (("--port {port}", "--port {port} --revision abc"), "command", "the cluster's `model_revision` setting"),
     (("--gpu-memory-utilization 0.8", ""), "command", "no --gpu-memory-utilization"),
     (("vllm serve", "python -m vllm.entrypoints.openai.api_server"), "command", "only `vllm serve ...` commands"),
     (('recipe_version: "1"', 'recipe_version: "2"'), "recipe_version", "only version 1 recipes"),

@@ -474,7 +474,7 @@ def test_api_state_health_and_one_token(sim, monkeypatch):
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     monkeypatch.setenv("MY_KEY", "sk-test")
     cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=SimpleNamespace(api_key_env="MY_KEY"))
-    want = status.Expected(sim.want.lane, sim.want.digest, sim.want.image, server.server_port)
+    want = status.Expected(sim.want.lane, sim.want.digest, sim.want.image, server.server_port, sim.want.served_name)
     try:
         found = status.api_state(cluster, want)
     finally:
