@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BED) up --nodes 2
 	$(BED) run $(VENV)/bin/pyinfra -y inventory/sim.py deploys/serve.py
-	$(BED) run $(VENV)/bin/python -m sparkinfra.chat inventory/sim.py "Hello from the simulated pair!"
+	$(BED) run $(VENV)/bin/python -m sparkinfra chat inventory/sim.py "Hello from the simulated pair!"
 	@echo "(the bed's model is a tiny Llama with random weights, so its text is noise by design; a real lane's model answers in words)"
 	$(BED) run $(VENV)/bin/pytest tests/verify --inventory inventory/sim.py -q -p no:cacheprovider
 	@echo "bed is up: '$(BED) status', '$(BED) run ssh -F /var/lib/sparkinfra-bed/controller/ssh_config spark-1', 'make bed-down'"

@@ -417,7 +417,7 @@ class HostSettings(BaseModel):
     model: Annotated[str, _checked(model_id_problem)] = Field("", description="Target model repository id.")
     model_revision: Annotated[str, _checked(revision_problem)] = Field(
         "main", description="Revision of the target model: a commit (40 hex), or a branch or tag the site's lock "
-        "pins to its commit (resolved once where the network is: `python -m sparkinfra.lock`).",
+        "pins to its commit (resolved once where the network is: `python -m sparkinfra lock`).",
     )
     drafter: Annotated[str, _checked(model_id_problem)] = Field(
         "", description="Drafter model repository id; empty: none."

@@ -7,7 +7,7 @@ A lane says what a cluster serves and how: the model (and drafter), the parallel
 lines rank 0's start-up log must show. The cluster's settings say where: nodes, fabric addresses,
 ports, image and the pinned revisions. ``launch`` joins both for one rank.
 
-    python -m sparkinfra.lanes import RECIPE.yaml   # an eugr/spark-vllm-docker recipe -> lane YAML
+    python -m sparkinfra lanes import RECIPE.yaml   # an eugr/spark-vllm-docker recipe -> lane YAML
 
 An error names the file, the key and (when known) the line.
 """

@@ -70,7 +70,7 @@ class Recipe(BaseModel):
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="The commit to build (40 hex).")
     ref: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][\w./-]*$", description="Or a branch or tag: the site's lock pins its commit "
-        "(resolved where the network is, by the first converge or python -m sparkinfra.lock).",
+        "(resolved where the network is, by the first converge or python -m sparkinfra lock).",
     )
     patches: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="Patch files in the folder, applied in order.")
     script: list[str] = Field(default_factory=list, description="The build command, run in the checkout.")

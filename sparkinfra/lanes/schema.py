@@ -29,9 +29,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pyinfra.api.exceptions import PyinfraError
 
-from .. import scripts
+from .. import project, scripts
 
-LANES_DIR = Path(__file__).resolve().parents[2] / "lanes"
+LANES_DIR = project.LANES
 CHECK_SCRIPT = scripts.path("vllm_check.py")
 CHECK_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkinfra" / "vllm-check"
 

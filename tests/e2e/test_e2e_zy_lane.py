@@ -223,7 +223,7 @@ def test_head_watch_restarts_the_lane_without_a_converge(serving):
     restart with its reason."""
     bed, _, _ = serving
     follow = subprocess.Popen(
-        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra.logs", INV, "--follow", "--lines", "0"],
+        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra", "logs", INV, "--follow", "--lines", "0"],
         cwd=Path(__file__).resolve().parents[2], env=simbed.controller_env(), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

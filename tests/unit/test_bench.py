@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sparkinfra.bench import job, probes, report
-from sparkinfra.bench.__main__ import main
+from sparkinfra.cli.bench import main
 from sparkinfra.bench.benchy import Row, benchy_command, parse_benchy
 from sparkinfra.bench.probes import BenchError, chat_url, probe, warmup
 from sparkinfra.lanes import find_lane
@@ -328,7 +328,7 @@ def test_compare_cli(tmp_path, capsys):
     assert capsys.readouterr().out == compare(a, b)
     assert main(["--compare", str(a), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
-    done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "--compare", str(a), str(a)],
+    done = subprocess.run([sys.executable, "-m", "sparkinfra", "bench", "--compare", str(a), str(a)],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert done.returncode == 0 and "## Meta\n\n(same)" in done.stdout
 

@@ -1,5 +1,5 @@
 """
-``python -m sparkinfra.lanes show``: each rank's exact ``docker run``, env files (secrets masked)
+``python -m sparkinfra lanes show``: each rank's exact ``docker run``, env files (secrets masked)
 and revisions, from the inventory alone (no host connected).
 """
 
@@ -10,8 +10,8 @@ import shlex
 
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
-from sparkinfra.lanes.__main__ import main
-from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
+from sparkinfra.cli.lanes import main
+from sparkinfra.cli.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
 from sparkinfra.operations.files import render
 from sparkinfra.operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
 from sparkinfra.run import load_files
@@ -47,7 +47,7 @@ def test_a_branch_revision_is_shown_as_what_the_first_converge_locks(capsys):
     text = capsys.readouterr().out
     assert "REFUSED" not in text
     assert ("  model Sebesky/MiniMax-M3-W4A16-GPTQ@main: not locked; the first converge resolves it on the head "
-            "(or: python -m sparkinfra.lock inventory/pair.py)") in text
+            "(or: python -m sparkinfra lock inventory/pair.py)") in text
 
 
 def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
