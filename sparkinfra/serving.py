@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
 
@@ -143,7 +142,8 @@ def runner(lane: str, verb: str, *args: str) -> StringCommand:
 
     .. code:: python
 
-        runner("sim", "wait-ready", "300")  # python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready /etc/sparkinfra/lanes/sim.json 300
+        runner("sim", "wait-ready", "300")
+        # -> python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready /etc/sparkinfra/lanes/sim.json 300
     """
     return StringCommand("python3", LANE_CTL, verb, QuoteString(plan_path(lane)), *(QuoteString(a) for a in args))
 

@@ -112,7 +112,7 @@ class Container(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "Container":
+    def _check(self) -> Container:
         for name, value in self.ulimits.items():
             if not re.fullmatch(r"[a-z]+", name) or not re.fullmatch(r"-?\d+(:-?\d+)?", value):
                 raise _rule(f"{name}={value} is not a ulimit (name: soft[:hard])", "ulimits", name)
@@ -145,7 +145,7 @@ class Warmup(BaseModel):
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "Warmup":
+    def _check(self) -> Warmup:
         if (self.prompt is None) == (self.messages is None):
             raise _rule("give exactly one of prompt (completions) or messages (chat)", "prompt")
         if self.prompt is not None:
@@ -235,7 +235,7 @@ class Lane(BaseModel):
     _source: str | None = PrivateAttr(None)  # the file it was read from
 
     @model_validator(mode="after")
-    def _check(self) -> "Lane":
+    def _check(self) -> Lane:
         gpus = self.tensor_parallel * self.pipeline_parallel
         if gpus != self.nodes:
             raise _rule(

@@ -389,7 +389,8 @@ def test_fetch_tokenizer_copies_once_by_size(tmp_path):
     the_job = job.Job(
         base_url="http://h:8000", served_model="tiny", api_key_env="", snapshot="/hf/snap",
         tokenizer_files={"tokenizer.json": 5, "config.json": 5}, probes=1, max_tokens=8, workloads=["json"],
-        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="", coherence=False,
+        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="",
+        coherence=False,
         results_dir=str(tmp_path), meta=report.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
     )
     folder = job.fetch_tokenizer(Head(), the_job, cache=tmp_path / "cache")

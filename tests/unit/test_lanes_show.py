@@ -82,7 +82,8 @@ def test_secrets_are_not_shown(monkeypatch):
 def test_cli_shows_the_settings_lane_and_says_what_a_converge_would_refuse(capsys):
     assert main(["show", "--inventory", "inventory/sim.py"]) == 0
     assert capsys.readouterr().out.startswith("Lane sim on cluster sim (2 nodes), plan ")
-    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py", "--data", "lane=", "--data", "model=org/other"]) == 1
+    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py", "--data", "lane=",
+                 "--data", "model=org/other"]) == 1
     out = capsys.readouterr().out
     assert "REFUSED by a converge: lanes/pair-a-balanced.yaml: model 'Sebesky/MiniMax-M3-W4A16-GPTQ' is not" in out
     assert "rank 1 on reddie" in out  # shown all the same
