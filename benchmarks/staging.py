@@ -9,7 +9,8 @@ of: the raw pipe ceiling (TCP, no protocol, into a file on the worker's disk: th
 the snapshot must take), the seeds' method (``rsync -a`` over ssh, default cipher) and the tool's
 staging step (what ``deploys/stage.py`` runs: the head's daemon started as the worker's pull starts,
 in one operation, then the daemon stopped, each on an SSH connection opened before, as pyinfra
-holds one to every host for the whole run), each with the bytes the worker's fabric port received; the raw pipe into /dev/null; the step's fixed cost (a transfer with nothing to move);
+holds one to every host for the whole run), each with the bytes the worker's fabric port received;
+the raw pipe into /dev/null; the step's fixed cost (a transfer with nothing to move);
 and the no-op restage (the worker's check, a whole
 ``pyinfra … deploys/stage.py`` run, and pyinfra's floor: a run that only connects and reads one
 fact; best of 3 each). Then the image: ``docker save | ssh | docker load`` against the tool's
@@ -35,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import sparkbed as bed
+import sparkbed as bed  # noqa: E402
 from sparkinfra import transfer  # noqa: E402
-from sparkinfra.facts.stage import snapshot_tool_command
-from sparkinfra.remote import settings_of
+from sparkinfra.facts.stage import snapshot_tool_command  # noqa: E402
+from sparkinfra.remote import settings_of  # noqa: E402
 
 HEAD, WORKER = "spark-1", "spark-2"
 REPO, REV = "sparkbed/bench-moe", "bench000000000000000000000000000000000001"
@@ -232,7 +233,8 @@ def benchmark(control: Path) -> int:
             print(f"{labels[name]} round {i}: {rate(seconds, size)}, spark-2 received {got / 2**20:7.0f} MiB")
         print(f"{labels[name]} spread: {spread([s for s, _ in runs])}")
     ratios = [c / t for (c, _), (t, _) in zip(figures["ceiling"], figures["tool"])]
-    print(f"tool/seeds = {statistics.median(s for s, _ in figures['seeds']) / statistics.median(t for t, _ in figures['tool']):.2f}")
+    ratio = statistics.median(s for s, _ in figures['seeds']) / statistics.median(t for t, _ in figures['tool'])
+    print(f"tool/seeds = {ratio:.2f}")
     print(f"no-op restage: worker check {noop_check:.2f} s, whole converge {noop_converge:.2f} s "
           f"(pyinfra's floor: start, connect, one fact {floor:.2f} s; staging's part {noop_converge - floor:.2f} s)")
 
@@ -252,7 +254,7 @@ def benchmark(control: Path) -> int:
         for name in (["seeds", "tool"] if r % 2 == 0 else ["tool", "seeds"]):
             # A first copy: the worker keeps no image (a lane image built on this one holds its layers).
             sh(WORKER, "docker images -q | sort -u | xargs -r docker rmi -f >/dev/null")
-            image_times[name].append(moved(WORKER, lambda: timed(HEAD, image_methods[name])))
+            image_times[name].append(moved(WORKER, lambda method=image_methods[name]: timed(HEAD, method)))
     seeds_bytes = min(b for _, b in image_times["seeds"])
     if any(b < 0.9 * seeds_bytes for _, b in image_times["tool"]):
         raise SystemExit(f"the worker kept layers of {image} (a container holds them): the tool's rounds were no first copy")

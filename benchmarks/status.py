@@ -1,5 +1,5 @@
 """
-``python -m sparkinfra.status`` against a no-op converge of the serving pair, measured in one run.
+``python -m sparkinfra status`` against a no-op converge of the serving pair, measured in one run.
 
     python benchmarks/status.py            # as root; brings the bed's pair up (and down at the end)
 
@@ -35,7 +35,7 @@ def timed(*args: str) -> float:
 
 def main() -> int:
     python, pyinfra = sys.executable, str(Path(sys.executable).parent / "pyinfra")
-    status = (python, "-m", "sparkinfra.status", "inventory/sim.py")
+    status = (python, "-m", "sparkinfra", "status", "inventory/sim.py")
     no_op = (pyinfra, "-y", "inventory/sim.py", "deploys/serve.py")
     bed.up(2)
     try:

@@ -4,7 +4,7 @@ the seeds' probes after a warm-up, then a llama-benchy sweep with the staged sna
 offline. Results: results/<cluster>/<lane>/<timestamp>/ (results.json, results.md, PNG plots).
 
     pyinfra inventory/pair.py deploys/bench.py
-    python -m sparkinfra.bench --compare results/<cluster>/<lane>/<A> results/<cluster>/<lane>/<B>
+    python -m sparkinfra bench --compare results/<cluster>/<lane>/<A> results/<cluster>/<lane>/<B>
 """
 
 from pyinfra import host

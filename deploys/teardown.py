@@ -1,17 +1,19 @@
 """
 Stop serving: every lane's units stopped (and not started at boot) on every node, their containers
 removed, and what each lane left (units, plans, env files, the head's API-key file, validation marks,
-mods, runtime marks), and the head's staging daemon if a dead controller left one. Images, weights, the runner, the fabric and NCCL setup stay: a converge serves
-again, moving nothing. The head's restart history of each lane stays too (``status`` tells when and
-why the lane last stopped); a lane switch or a full teardown removes it.
+mods, runtime marks), and the head's staging daemon if a dead controller left one. Images, weights,
+the runner, the fabric and NCCL setup stay: a converge serves again, moving nothing. The head's
+restart history of each lane stays too (``status`` tells when and why the lane last stopped); a
+lane switch or a full teardown removes it.
 
     pyinfra inventory/pair.py deploys/teardown.py
 
-A full teardown also removes the rest of what sparkinfra installed: the runner; the NCCL env file; the GPU clock lock (the driver's clocks back);
-the fabric and twin addresses and their boot config (the port's MTU stays); the head's SSH mesh and its key on
-the workers. It needs the cluster's name, checked before any connection. Images, model snapshots
-(with their manifests), the compile caches, the pinned NCCL library and the converge lock stay:
-deploys/serve.py serves again moving neither image nor weights, and starts warm.
+A full teardown also removes the rest of what sparkinfra installed: the runner; the NCCL env file;
+the GPU clock lock (the driver's clocks back); the fabric and twin addresses and their boot config
+(the port's MTU stays); the head's SSH mesh and its key on the workers. It needs the cluster's
+name, checked before any connection. Images, model snapshots (with their manifests), the compile
+caches, the pinned NCCL library and the converge lock stay: deploys/serve.py serves again moving
+neither image nor weights, and starts warm.
 
     pyinfra inventory/pair.py deploys/teardown.py --data teardown=full --data teardown_confirm=pair
 """

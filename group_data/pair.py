@@ -8,7 +8,7 @@ fabric_mtu = 4200
 lane = "pair-a-balanced"
 model = "Sebesky/MiniMax-M3-W4A16-GPTQ"  # W4A16 GPTQ, 224 GB
 drafter = "Sebesky/MiniMax-M3-EAGLE3-RTN-INT4"  # EAGLE3 int4-RTN, 1.6 GB (lanes A and C; B runs without)
-# Branches: the site's lock pins each to its commit on the first converge (python -m sparkinfra.lock
+# Branches: the site's lock pins each to its commit on the first converge (python -m sparkinfra lock
 # does it beforehand), and every later stage serves that commit until the lock is moved on purpose.
 model_revision = "main"
 drafter_revision = "main"

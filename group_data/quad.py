@@ -10,7 +10,7 @@ fabric_mtu = 4200
 #   --data lane=quad-awq-eagle3 --data model=cyankiwi/MiniMax-M3-AWQ-INT4 --data drafter=Inferact/MiniMax-M3-EAGLE3
 lane = "quad-nvfp4"
 model = "lukealonso/MiniMax-M3-NVFP4"
-# A branch: the site's lock pins its commit on the first converge (python -m sparkinfra.lock does it
+# A branch: the site's lock pins its commit on the first converge (python -m sparkinfra lock does it
 # beforehand); every later stage serves that commit until the lock is moved on purpose.
 model_revision = "main"
 drafter_revision = "main"

@@ -34,7 +34,8 @@ from .cache import (BASE, BASE_PACKAGES, IMAGE, IMAGE_BUILD, IMAGE_ROOTFS, IMAGE
                     SIM_REVISION, TINY_MODEL, TINY_SCRIPT, VLLM_TREE_IN_NODE, apt_mirror, base_is_current, build,
                     build_base, build_image_rootfs, build_tiny_model, vllm_tree)
 from .cache import IMAGE_NCCL, IMAGE_NCCL_KEY
-from .controller import (API_KEY_ENV, BUILD_REPO_NAME, BUILD_REPO_URL, GIT_ROOT, LOCKS, lock_path, HUB_DOWNLOADS, HUB_PORT, HUB_ROOT,
+from .controller import (API_KEY_ENV, BUILD_REPO_NAME, BUILD_REPO_URL, GIT_ROOT, LOCKS, lock_path, HUB_DOWNLOADS,
+                         HUB_PORT, HUB_ROOT,
                          HUB_TOKEN_ENV, HUB_URL, NCCL_INDEX_URL,
                          NCCL_STANDIN_VERSIONS, NCCL_WHEEL_PROJECT, NCCL_WHEELS, PYPI_ROOT, api_key_file,
                          build_nccl_standins, build_nccl_wheels, controller_env, controller_key, hub_token_file,

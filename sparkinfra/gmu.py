@@ -12,13 +12,14 @@ into the highest value that boots with a big enough pool.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Callable, Literal
-
-Kind = Literal["ok", "too_high", "too_low", "other_failure", "incomplete"]
+from typing import Literal
 
 from .vllm_log import Outcome
+
+Kind = Literal["ok", "too_high", "too_low", "other_failure", "incomplete"]
 
 
 @dataclass(frozen=True)

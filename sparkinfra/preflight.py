@@ -168,9 +168,11 @@ def evaluate(
     elif "UP" not in flags:
         checks.append(Check(host_name, "fabric", True, f"{cluster.fabric.interface} present, down (prepare brings it up)"))
     elif ("NO-CARRIER" in flags or "LOWER_UP" not in flags) and peers:
-        checks.append(Check(host_name, "fabric", True, f"{cluster.fabric.interface} up, no carrier while {', '.join(peers)} down (prepare brings it up)"))
+        checks.append(Check(host_name, "fabric", True,
+                            f"{cluster.fabric.interface} up, no carrier while {', '.join(peers)} down (prepare brings it up)"))
     elif "NO-CARRIER" in flags or "LOWER_UP" not in flags:
-        checks.append(Check(host_name, "fabric", False, f"{cluster.fabric.interface} up but no carrier: cable, peer or switch port down"))
+        checks.append(Check(host_name, "fabric", False,
+                            f"{cluster.fabric.interface} up but no carrier: cable, peer or switch port down"))
     else:
         checks.append(Check(host_name, "fabric", True, f"{cluster.fabric.interface} up, carrier"))
 

@@ -7,9 +7,10 @@ same SSH user, key, known hosts and sudo as a converge), every node at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gevent
 from pyinfra.api import Config, State, StringCommand

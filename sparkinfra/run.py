@@ -20,6 +20,7 @@ import sys
 import traceback
 import weakref
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import click
 from gevent.lock import Semaphore
 from pyinfra import host, logger
 from pyinfra.api import State
-from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.exceptions import NoGroupError, PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
 
@@ -149,16 +150,22 @@ def limited(inventory) -> set[str]:
     keep, matched as pyinfra's CLI matches them (all of them outside the CLI), for the check
     before any connection (``check_inventory``).
     """
-    from pyinfra_cli.cli import _apply_inventory_exclude, _apply_inventory_limit
-
     params = cli_params()
-    try:
-        hosts = _apply_inventory_exclude(
-            inventory, _apply_inventory_limit(inventory, params.get("limit")), params.get("exclude")
-        )
-    except Exception:  # a pattern that matches nothing: pyinfra's CLI says so itself
-        hosts = None
-    return {h.name for h in (inventory if hosts is None else hosts)}
+    names = matching(inventory, params["limit"]) if params.get("limit") else {h.name for h in inventory}
+    return names - matching(inventory, params.get("exclude") or ())
+
+
+def matching(inventory, patterns) -> set[str]:
+    """Names of the hosts ``patterns`` (``--limit``/``--exclude`` values) match, by pyinfra's CLI's
+    rule: a group's name matches its hosts, anything else is a glob on host names (pyinfra's CLI
+    itself warns of a pattern that matches nothing)."""
+    found = set()
+    for pattern in patterns:
+        try:
+            found.update(h.name for h in inventory.get_group(pattern))
+        except NoGroupError:
+            found.update(h.name for h in inventory if fnmatch(h.name, pattern))
+    return found
 
 
 def refuse_cut_clusters(hosts: list, running: set[str], settings: Settings) -> None:

@@ -10,11 +10,10 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
 
-from . import lanes, scripts
+from . import lanes, project, scripts
 from .operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_IDENTITY_SCRIPT
 from .settings import Cluster, Node
 
@@ -33,7 +32,7 @@ MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot,
 # lane_ctl's marks, ``MARKS_DIR/<lane>.<name>``
 MARK_NAMES = ("started", "warm", "failures", "stop-reason", "start-reason", "nccl-copies", "trial.env", "nccl.env")
 LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
-UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates/etc/systemd/system/sparkinfra-lane.service.j2"
+UNIT_TEMPLATE = project.TEMPLATES / "etc/systemd/system/sparkinfra-lane.service.j2"
 CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
 # The compile caches outlive each container, one folder per lane and image ID on each node
 # (``COMPILE_CACHE/<lane>/<image>/<kind>``, mounted by lane_ctl at each kind's default path in the
@@ -143,7 +142,8 @@ def runner(lane: str, verb: str, *args: str) -> StringCommand:
 
     .. code:: python
 
-        runner("sim", "wait-ready", "300")  # python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready /etc/sparkinfra/lanes/sim.json 300
+        runner("sim", "wait-ready", "300")
+        # -> python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready /etc/sparkinfra/lanes/sim.json 300
     """
     return StringCommand("python3", LANE_CTL, verb, QuoteString(plan_path(lane)), *(QuoteString(a) for a in args))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pyinfra.api import StringCommand
@@ -40,7 +40,7 @@ class TuneJob:
     timeout: int
     results_dir: str
     restore: bool  # the lane was serving: start it again afterwards
-    timestamp: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    timestamp: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
 
     @property
     def folder(self) -> Path:

@@ -214,7 +214,7 @@ def parse_startup(log_text: str) -> Outcome:
     if low:
         outcome.kind = "too_low"
         outcome.evidence = [line for line, _ in low]
-        for line, m in low:
+        for _, m in low:
             if m.re is _V1_TOO_LOW:
                 outcome.max_model_len = outcome.needed_tokens = int(m["max_len"])
                 outcome.kv_needed_gib, outcome.kv_available_gib = float(m["needed"]), float(m["available"])

@@ -9,5 +9,5 @@ size x depth x concurrency, read back from its ``--format json`` report.
 
 ``report.write_results`` files a run under ``<root>/<cluster>/<lane>/<timestamp>/``: ``results.json``
 (meta + raw), ``results.md`` (the seeds' tables) and PNG plots; ``report.compare`` diffs two runs
-(``python -m sparkinfra.bench --compare A B``).
+(``python -m sparkinfra bench --compare A B``).
 """

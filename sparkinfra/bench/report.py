@@ -9,7 +9,7 @@ import json
 import re
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .benchy import Row
@@ -30,7 +30,7 @@ class Meta:
     model_revision: str = ""
     nccl_version: str = ""
     gmu: float | None = None
-    timestamp: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    timestamp: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     extra: dict = field(default_factory=dict)
 
     @classmethod

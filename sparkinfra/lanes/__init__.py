@@ -7,7 +7,7 @@ A lane says what a cluster serves and how: the model (and drafter), the parallel
 lines rank 0's start-up log must show. The cluster's settings say where: nodes, fabric addresses,
 ports, image and the pinned revisions. ``launch`` joins both for one rank.
 
-    python -m sparkinfra.lanes import RECIPE.yaml   # an eugr/spark-vllm-docker recipe -> lane YAML
+    python -m sparkinfra lanes import RECIPE.yaml   # an eugr/spark-vllm-docker recipe -> lane YAML
 
 An error names the file, the key and (when known) the line.
 """
@@ -46,7 +46,7 @@ from .vllm import (
 __all__ = [
     "CHECK_CACHE", "CHECK_SCRIPT", "LANES_DIR", "NO_VLLM", "PLACEHOLDERS", "RESERVED", "Container", "Image", "Lane",
     "LaneError", "Launch", "display", "check_lane", "display", "check_with_vllm", "container_options", "effective_ports",
-    "find_lane", "import_eugr", "lane_dirs", "lane_image", "load_recipe", "Recipe", "lane_problems", "lane_source", "lane_yaml", "launch",
-    "load_lane", "mods_dir", "Mod", "ModsNotFetched", "lane_mods", "mod_digest", "mod_files", "refuse_invalid", "serve_flags", "utilization", "validate_with_vllm", "vllm_errors",
-    "vllm_request",
+    "find_lane", "import_eugr", "lane_dirs", "lane_image", "load_recipe", "Recipe", "lane_problems", "lane_source",
+    "lane_yaml", "launch", "load_lane", "mods_dir", "Mod", "ModsNotFetched", "lane_mods", "mod_digest", "mod_files",
+    "refuse_invalid", "serve_flags", "utilization", "validate_with_vllm", "vllm_errors", "vllm_request",
 ]

@@ -23,8 +23,9 @@ import io
 import json
 import re
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Mapping, NamedTuple
+from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -61,7 +62,8 @@ class Recipe(BaseModel):
         description="Where vllm_ref and vllm_prs are resolved (the lock pins each PR's head commit).",
     )
     vllm_prs: list[int] = Field(default_factory=list, description="VLLM_PRS: vLLM pull requests applied on top.")
-    wheels: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="WHEELS: wheel files in the folder to install.")
+    wheels: list[Annotated[str, Field(pattern=FILE)]] = Field(
+        default_factory=list, description="WHEELS: wheel files in the folder to install.")
     build_args: dict[str, str] = Field(default_factory=dict, description="Further build arguments.")
     # Or a build repository at a pinned commit, patched, built by its own script.
     repository: str | None = Field(
@@ -70,9 +72,10 @@ class Recipe(BaseModel):
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="The commit to build (40 hex).")
     ref: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][\w./-]*$", description="Or a branch or tag: the site's lock pins its commit "
-        "(resolved where the network is, by the first converge or python -m sparkinfra.lock).",
+        "(resolved where the network is, by the first converge or python -m sparkinfra lock).",
     )
-    patches: list[Annotated[str, Field(pattern=FILE)]] = Field(default_factory=list, description="Patch files in the folder, applied in order.")
+    patches: list[Annotated[str, Field(pattern=FILE)]] = Field(
+        default_factory=list, description="Patch files in the folder, applied in order.")
     script: list[str] = Field(default_factory=list, description="The build command, run in the checkout.")
     produces: str | None = Field(None, min_length=1, description="The image (name:tag) the script makes.")
     # Filled from the site's lock (``pinned``), never written in a recipe: each PR's head commit.

@@ -14,8 +14,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -112,7 +113,7 @@ def mods_folder(lane: Lane, pins: Mapping[str, str] | None = None, fetch: bool =
     commit = recipe.commit or (pins or {}).get(f"recipe/{name}")
     if not commit:
         raise ModsNotFetched(f"{where}: the mods are in {recipe.repository} at {recipe.ref}, which the site's lock "
-                             f"does not pin yet (the first converge or python -m sparkinfra.lock does)")
+                             f"does not pin yet (the first converge or python -m sparkinfra lock does)")
     folder = images_dir(lane) / name
     return checkout(recipe.repository, commit, fetch, [folder / p for p in recipe.patches]) / "mods"
 

@@ -29,10 +29,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pyinfra.api.exceptions import PyinfraError
 
-from .. import scripts
+from .. import project, scripts
 from ..settings import SERVE_KEYS
 
-LANES_DIR = Path(__file__).resolve().parents[2] / "lanes"
+LANES_DIR = project.LANES
 CHECK_SCRIPT = scripts.path("vllm_check.py")
 CHECK_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkinfra" / "vllm-check"
 
@@ -115,7 +115,7 @@ class Container(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "Container":
+    def _check(self) -> Container:
         for name, value in self.ulimits.items():
             if not re.fullmatch(r"[a-z]+", name) or not re.fullmatch(r"-?\d+(:-?\d+)?", value):
                 raise _rule(f"{name}={value} is not a ulimit (name: soft[:hard])", "ulimits", name)
@@ -148,7 +148,7 @@ class Warmup(BaseModel):
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "Warmup":
+    def _check(self) -> Warmup:
         if (self.prompt is None) == (self.messages is None):
             raise _rule("give exactly one of prompt (completions) or messages (chat)", "prompt")
         if self.prompt is not None:
@@ -243,7 +243,7 @@ class Lane(BaseModel):
         return self.served_model_name or self.model
 
     @model_validator(mode="after")
-    def _check(self) -> "Lane":
+    def _check(self) -> Lane:
         gpus = self.tensor_parallel * self.pipeline_parallel
         if gpus != self.nodes:
             raise _rule(

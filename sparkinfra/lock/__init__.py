@@ -5,7 +5,7 @@ network is and written to ``group_data/<cluster>.lock.yaml`` (the ``lock_file`` 
 to be committed. A converge uses its pins and resolves only what it lacks, or an entry whose
 reference changed in the site's data; ``--update`` moves pins on purpose:
 
-    python -m sparkinfra.lock INVENTORY [--update NAME|all] [--data key=value ...]
+    python -m sparkinfra lock INVENTORY [--update NAME|all] [--data key=value ...]
 
 resolves on this machine (the controller) what the lock lacks, or what ``--update`` names, and
 prints each pin it made and the lock's diff. ``run.start()`` does the same on each cluster's head
@@ -204,7 +204,7 @@ def read(path: Path) -> dict[str, Entry]:
         _, form, words = known
         if not form.fullmatch(value["pin"]):
             raise LockError(f"{where}: pin {value['pin']!r} is not {words}; a pin is written by sparkinfra.lock, "
-                            "never by hand (python -m sparkinfra.lock INVENTORY --update " + str(name) + ")")
+                            "never by hand (python -m sparkinfra lock INVENTORY --update " + str(name) + ")")
         entries[str(name)] = Entry(**{k: value[k] for k in ENTRY_KEYS})
     return entries
 
@@ -214,7 +214,7 @@ def render(cluster_name: str, entries: dict[str, Entry]) -> str:
     head = (
         f"# The lock of cluster {cluster_name}: what the network decided for each reference of the site's data,\n"
         "# resolved once (sparkinfra.lock). Commit it. Converges use these pins and resolve only what is missing\n"
-        "# or whose reference changed; `python -m sparkinfra.lock INVENTORY --update NAME` moves a pin on purpose.\n"
+        "# or whose reference changed; `python -m sparkinfra lock INVENTORY --update NAME` moves a pin on purpose.\n"
     )
     body = {name: {k: getattr(entries[name], k) for k in ENTRY_KEYS} for name in sorted(entries)}
     return head + (yaml.safe_dump(body, sort_keys=False, width=200) if body else "{}\n")
@@ -367,12 +367,12 @@ def reference_lines(refs: list[Reference], entries: dict[str, Entry], path: Path
         else:
             was = f" (the lock pins {entry.source} {entry.ref})" if entry is not None else ""
             out.append(f"  {ref.name} {ref}: not locked{was}; the first converge resolves it on the head "
-                       f"(or: python -m sparkinfra.lock {inventory_file or 'INVENTORY'})")
+                       f"(or: python -m sparkinfra lock {inventory_file or 'INVENTORY'})")
     return out
 
 
 def how_to_lock(inventory_file: str | None, path: Path) -> str:
-    return (f"lock it from any machine that reaches it: python -m sparkinfra.lock {inventory_file or 'INVENTORY'} "
+    return (f"lock it from any machine that reaches it: python -m sparkinfra lock {inventory_file or 'INVENTORY'} "
             f"(then commit {display(path)})")
 
 

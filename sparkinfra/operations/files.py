@@ -26,10 +26,11 @@ from pyinfra.facts.files import Block, File, FileContents
 from pyinfra.operations import files
 from pyinfra.operations.util.files import chmod, chown, generate_color_diff
 
+from .. import project
 from ..facts.files import FileState
 from ..facts.reading import gathered
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES = project.TEMPLATES
 
 
 def render(template: str, **values) -> str:

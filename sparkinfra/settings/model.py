@@ -174,7 +174,7 @@ class HostSettings(BaseModel):
     model: ModelId = Field("", description="Target model repository id.")
     model_revision: Revision = Field(
         "main", description="Revision of the target model: a commit (40 hex), or a branch or tag the site's lock "
-        "pins to its commit (resolved once where the network is: `python -m sparkinfra.lock`).",
+        "pins to its commit (resolved once where the network is: `python -m sparkinfra lock`).",
     )
     drafter: ModelId = Field(
         "", description="Drafter model repository id; empty: none."
@@ -293,7 +293,7 @@ class HostSettings(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _head_ports_differ(self) -> "HostSettings":
+    def _head_ports_differ(self) -> HostSettings:
         # The head binds all three; blame the one set explicitly (the other may be a default).
         seen: dict[int, str] = {}
         for key in ("api_port", "master_port", "stage_port"):
@@ -307,7 +307,7 @@ class HostSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _twin_apart(self) -> "HostSettings":
+    def _twin_apart(self) -> HostSettings:
         # The twin is another netdev; its own address is never in the fabric subnet (routing and
         # NCCL's interface discovery break with one subnet on two netdevs).
         if self.fabric_twin_interface == self.fabric_interface:
@@ -321,7 +321,7 @@ class HostSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _lane_env_not_nccl(self) -> "HostSettings":
+    def _lane_env_not_nccl(self) -> HostSettings:
         # A lane's container gets NCCL's variables from the node's NCCL file with the lane's changes:
         # one in lane_env too would be given twice, and docker's choice is not the operator's.
         nccl = sorted(k for k in self.lane_env if k.startswith("NCCL_"))
@@ -331,7 +331,7 @@ class HostSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _gpu_clock_range(self) -> "HostSettings":
+    def _gpu_clock_range(self) -> HostSettings:
         if self.gpu_clock_cap:
             low, high = (int(x) for x in self.gpu_clock_cap.split(","))
             if low > high:
@@ -339,7 +339,7 @@ class HostSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _full_teardown_confirmed(self) -> "HostSettings":
+    def _full_teardown_confirmed(self) -> HostSettings:
         # Refused before any connection: a full teardown takes the fabric and the mesh away.
         if self.teardown == "full" and self.teardown_confirm != self.cluster:
             got = f"got {self.teardown_confirm!r}" if self.teardown_confirm else "not set"
@@ -436,7 +436,7 @@ class Cluster(BaseModel):
         return dict(self.pins).get(name)
 
     @model_validator(mode="after")
-    def _check_nodes(self) -> "Cluster":
+    def _check_nodes(self) -> Cluster:
         seen_ranks: dict[int, str] = {}
         seen_ips: dict[IPv4Address, str] = {}
         seen_twins: dict[IPv4Address, str] = {}
@@ -444,9 +444,11 @@ class Cluster(BaseModel):
         for node in self.nodes:
             ip = node.fabric_ip
             rules = (  # (key, broken, why), in the order they are reported
-                ("rank", node.rank in seen_ranks, f"rank {node.rank} is given to both {seen_ranks.get(node.rank)} and {node.name}"),
+                ("rank", node.rank in seen_ranks,
+                 f"rank {node.rank} is given to both {seen_ranks.get(node.rank)} and {node.name}"),
                 ("fabric_ip", ip not in subnet, f"{ip} is outside the fabric subnet {subnet}"),
-                ("fabric_ip", ip in (subnet.network_address, subnet.broadcast_address), f"{ip} is not a host address of {subnet}"),
+                ("fabric_ip", ip in (subnet.network_address, subnet.broadcast_address),
+                 f"{ip} is not a host address of {subnet}"),
                 ("fabric_ip", ip in seen_ips, f"{ip} is given to both {seen_ips.get(ip)} and {node.name}"),
             )
             for key, broken, why in rules:

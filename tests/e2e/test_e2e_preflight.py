@@ -61,7 +61,8 @@ def test_a_stopped_dockerd_is_named_by_preflight_and_nothing_is_streamed(pair):
         pair.node("spark-2", "systemctl start docker.socket docker.service")
     assert run.returncode != 0
     assert "[spark-2] preflight FAIL docker  dockerd does not answer: " in run.stderr, run.stderr[-3000:]
-    assert "preflight failed, nothing changed: spark-2 docker: dockerd does not answer: Cannot connect to the Docker daemon" in run.stderr
+    assert ("preflight failed, nothing changed: spark-2 docker: dockerd does not answer: "
+            "Cannot connect to the Docker daemon") in run.stderr
     assert not run.changed_hosts(), run.changed
     assert pair.fabric_rx("spark-2") - rx < 1 << 20, "something was streamed to the worker"
     assert pair.converge(INV, PREFLIGHT).returncode == 0

@@ -17,7 +17,8 @@ INV = "inventory/sim.py"
 DEPLOY = "deploys/prepare.py"
 HOSTS = {"spark-1", "spark-2"}
 ENV = "/etc/sparkinfra/nccl.env"
-ONLY_PREPARE = ("--ignore", "tests/verify/test_stage.py", "--ignore", "tests/verify/test_lane.py")  # nothing staged or served here
+# nothing staged or served here
+ONLY_PREPARE = ("--ignore", "tests/verify/test_stage.py", "--ignore", "tests/verify/test_lane.py")
 
 
 @pytest.fixture(scope="module")

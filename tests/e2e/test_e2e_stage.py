@@ -150,7 +150,8 @@ def test_interrupted_transfer_resumes_without_resending_completed_files(staged):
         deadline = time.monotonic() + 60
         partial = 0
         while time.monotonic() < deadline:
-            sizes = bed.node("spark-2", f"cd {REPO_DIR}/blobs && stat -c %s * 2>/dev/null | sort -n | tail -n 3", check=False).stdout.split()
+            sizes = bed.node("spark-2", f"cd {REPO_DIR}/blobs && stat -c %s * 2>/dev/null | sort -n | tail -n 3",
+                             check=False).stdout.split()
             partial = max((int(x) for x in sizes if 64 << 10 < int(x) < SHARD), default=0)
             if partial > SHARD // 4:
                 break

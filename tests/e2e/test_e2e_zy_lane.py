@@ -107,7 +107,8 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     ref = re.escape(_lane_image("sim"))
     for node, said in (
         ("spark-1", rf"build {ref}: built in \d+ s"), ("spark-1", r"download sparkbed/tiny-llama: \d+ MiB in \d+ s"),
-        ("spark-1", rf"image {ref} to spark-2: \d+ [KM]iB in \d+ s, \d+ [KM]iB/s; (all 2 layers|1 of 2 layers \(it has the other 1, \d+ MiB\))"),
+        ("spark-1", rf"image {ref} to spark-2: \d+ [KM]iB in \d+ s, \d+ [KM]iB/s; "
+                    r"(all 2 layers|1 of 2 layers \(it has the other 1, \d+ MiB\))"),
         ("spark-2", r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"),
     ):
         assert re.search(rf"^\[{node}\] {said}$", first.stderr, re.M), (node, said, progress)
@@ -156,8 +157,8 @@ def test_verify_passes(serving):
 
 
 def _operator(bed, tool, *args, timeout=120):
-    """``python -m sparkinfra.<tool> inventory/sim.py ARGS`` from the controller."""
-    return bed.controller(sys.executable, "-m", f"sparkinfra.{tool}", INV, *args, timeout=timeout)
+    """``python -m sparkinfra <tool> inventory/sim.py ARGS`` from the controller."""
+    return bed.controller(sys.executable, "-m", "sparkinfra", tool, INV, *args, timeout=timeout)
 
 
 def test_status_shows_both_ranks_serving_and_its_json_round_trips(serving):
@@ -265,7 +266,8 @@ def test_a_worker_cut_off_past_the_liveness_window_comes_back_without_a_converge
           f"serving again {back:.0f}s after the cut, {made} restarts of the head's unit")
     assert 1 <= made <= 8, made  # backed off: not one every 5 s
     head = _journal(bed, "spark-1", "sim", since)
-    assert re.search(r"rank 1 on 10\.213\.1\.2 not reached \(.*\): the lane serves on while its API completes", head), head[-3000:]
+    assert re.search(r"rank 1 on 10\.213\.1\.2 not reached \(.*\): the lane serves on while its API completes",
+                     head), head[-3000:]
     assert "rank 1 on 10.213.1.2 not reached to stop it" in head, head[-3000:]  # not "stopped"
     assert re.search(r"backing off \d+s before the next start: \d+ failure\(s\) in a row", head), head[-3000:]
     worker = _journal(bed, "spark-2", "sim", since)
@@ -438,7 +440,7 @@ def test_head_watch_restarts_the_ray_lane_without_a_converge(serving):
     bed, _, _ = serving
     data = ("--data", "lane=sim-b")
     follow = subprocess.Popen(
-        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra.logs", INV, *data,
+        ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra", "logs", INV, *data,
          "--follow", "--lines", "0"],
         cwd=Path(__file__).resolve().parents[2], env=simbed.controller_env(), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -493,7 +495,8 @@ def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(se
                          r"1 of 2 layers \(it has the other 1, \d+ MiB\)$", run.stderr, re.M)
         assert sent, run.stderr[-3000:]
         sent_bytes = int(sent[1]) << (10 if sent[2] == "K" else 20)
-        layer = int(bed.node("spark-1", f"docker history --no-trunc --human=false --format '{{{{.Size}}}}' {ref} | head -1").stdout)
+        layer = int(bed.node("spark-1", f"docker history --no-trunc --human=false --format '{{{{.Size}}}}' {ref} | head -1")
+                    .stdout)
         assert sent_bytes <= 1.5 * layer + (64 << 10), (sent[0], layer)  # + the configs and tar headers
         assert [_mod_greeting(bed, n) for n in ("spark-1", "spark-2")] == ["hello from a changed mod"] * 2
         for node in ("spark-1", "spark-2"):  # the rank runs the new image, which holds the new file
@@ -656,7 +659,8 @@ def test_secrets_never_leak(serving):
         outputs[f"{node} plans"] = bed.node(node, "cat /etc/sparkinfra/lanes/*.json").stdout
         outputs[f"{node} journal"] = bed.node(node, "journalctl --no-pager -o cat -n 5000").stdout
     for node in ("spark-1", "spark-2"):  # every file under /etc and /run (the head's key file aside)
-        found = bed.node(node, "grep -rlF -D skip -f /dev/stdin /etc /run 2>/dev/null | grep -v '^/etc/sparkinfra/lanes/sim.secret.env$'",
+        found = bed.node(node, "grep -rlF -D skip -f /dev/stdin /etc /run 2>/dev/null "
+                         "| grep -v '^/etc/sparkinfra/lanes/sim.secret.env$'",
                          check=False, input="\n".join(_derived(secrets)) + "\n")
         outputs[f"{node} files under /etc and /run: {found.stdout.split()}"] = found.stdout
     for what, secret in secrets.items():

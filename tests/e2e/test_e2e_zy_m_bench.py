@@ -84,7 +84,7 @@ def test_bench_files_json_table_and_plots(serving, results):
 def test_two_runs_compare(serving, results):
     _bench(serving, results, "bench_depth=[0, 128]", "bench_concurrency=[1]")
     a, b = _runs(results)
-    out = serving.controller(str(BIN / "python"), "-m", "sparkinfra.bench", "--compare", str(a), str(b))
+    out = serving.controller(str(BIN / "python"), "-m", "sparkinfra", "bench", "--compare", str(a), str(b))
     assert out.returncode == 0, out.stderr
     assert "## Probes (decode tok/s, mean)" in out.stdout and "## Sweep (llama-benchy)" in out.stdout, out.stdout
     assert re.search(r"Only in A: .*\(c2\)", out.stdout), out.stdout  # B ran 1 user only

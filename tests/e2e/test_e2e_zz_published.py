@@ -4,7 +4,7 @@ at a branch (the bed's hub serves it over git's HTTP, as GitHub serves a fork), 
 repository's mod group at the same commit (one mod gives vLLM a flag the image's own lacks), the
 model at ``main``: the first converge locks each branch to its commit and serves; the next resolves
 nothing and changes nothing; the network moving both branches changes nothing until
-``python -m sparkinfra.lock --update`` moves the pins, and the next converge stages and serves them.
+``python -m sparkinfra lock --update`` moves the pins, and the next converge stages and serves them.
 """
 
 import json
@@ -101,7 +101,7 @@ def test_moved_branches_change_nothing_until_the_lock_moves_them(published):
         still = bed.converge(INV, "deploys/serve.py", *DATA)
         assert not still.changed_hosts() and "--> lock:" not in still.stderr, still.changed
         assert simbed.SIM_REVISION in _plan(bed)["command"], "the lane serves the locked commit"
-        moved = bed.controller(sys.executable, "-m", "sparkinfra.lock", INV, "--data", f"lane={LANE}",
+        moved = bed.controller(sys.executable, "-m", "sparkinfra", "lock", INV, "--data", f"lane={LANE}",
                                "--update", "model", "--update", "recipe/sparkbed-build")
         assert moved.returncode == 0, moved.stderr
         assert f"sim: pinned model: {MODEL} main -> {model} (was {simbed.SIM_REVISION})" in moved.stdout, moved.stdout
@@ -118,4 +118,4 @@ def test_moved_branches_change_nothing_until_the_lock_moves_them(published):
         _verify_ok(bed)
     finally:
         simbed.hub_reset_main(MODEL)
-        bed.controller(sys.executable, "-m", "sparkinfra.lock", INV, "--data", f"lane={LANE}", "--update", "model")
+        bed.controller(sys.executable, "-m", "sparkinfra", "lock", INV, "--data", f"lane={LANE}", "--update", "model")

@@ -1,8 +1,9 @@
 """
 The layout docs/architecture.md describes, checked: every module of the product is on that page
 (and every module the page names exists), no module imports another of the product in a cycle or
-inside a function, a module over 400 lines says why at its top, and the product never imports the
-test bed.
+inside a function, no folder imports another in a loop, nothing below the command-line views
+(``sparkinfra/cli/``) imports them, no private name of pyinfra is imported, a module over 400 lines
+says why at its top, and the product never imports the test bed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ PRODUCT = ROOT / "sparkinfra"
 SCRIPTS = PRODUCT / "scripts"  # run on nodes: named as a folder on the page
 DOC = ROOT / "docs" / "architecture.md"
 LIMIT = 400
+VIEWS = ("sparkinfra.cli", "sparkinfra.__main__")  # the command-line views: nothing else imports them
+# Folder imports that still close a loop, each to go with the change that ends it (the test fails
+# once one no longer exists): serving.py takes NCCL's node paths from operations/nccl.py, whose
+# operations take serving's plans (a module of node paths below both ends it).
+LOOPS_LEFT = {("sparkinfra.serving", "sparkinfra.operations")}
 
 
 def modules() -> dict[str, Path]:
@@ -86,6 +92,62 @@ def test_no_import_cycle_and_no_import_inside_a_function():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def graph() -> dict[str, set[str]]:
+    """Module -> the product's modules it imports at its top."""
+    return {name: imported(name, path)[0] for name, path in modules().items()}
+
+
+def folder(module: str) -> str:
+    """A module's folder as the loop check sees it: ``sparkinfra.lanes.schema`` -> ``sparkinfra.lanes``;
+    a module at the package's top is its own (``sparkinfra.serving``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder -> the other folders its modules import."""
+    found: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        found.setdefault(folder(name), set()).update(folder(t) for t in targets if folder(t) != folder(name))
+    return found
+
+
+def is_view(module: str) -> bool:
+    return module in VIEWS or module.startswith(tuple(f"{view}." for view in VIEWS))
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Imports of a command-line view by a module below the views."""
+    return sorted(f"{name} imports {t}" for name, targets in edges.items() if not is_view(name)
+                  for t in targets if is_view(t))
+
+
+def private_pyinfra(path: Path) -> list[str]:
+    """``from pyinfra... import _name``: pyinfra's private names (its API may change them in any release)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.name} line {node.lineno}: {node.module}.{alias.name}" for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("pyinfra", "pyinfra_cli")
+            for alias in node.names if alias.name.startswith("_") and alias.name != "__version__"]
+
+
+def test_no_import_loop_between_folders():
+    edges = folder_edges(graph())
+    left = sorted(edge for edge in LOOPS_LEFT if edge[1] not in edges.get(edge[0], ()))
+    assert not left, f"LOOPS_LEFT names imports that are gone (remove them from it): {left}"
+    for source, target in LOOPS_LEFT:
+        edges[source].discard(target)
+    cycles = find_cycles(edges)
+    assert not cycles, "folders importing each other in a loop: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_nothing_below_the_views_imports_them():
+    assert not upward(graph())
+
+
+def test_no_private_pyinfra_name_is_imported():
+    found = [p for path in modules().values() for p in private_pyinfra(path)]
+    assert not found, f"pyinfra's private names (use its public API or the project's own code): {found}"
+
+
 def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     seen, stack, cycles = set(), [], []
 
@@ -118,9 +180,19 @@ def test_a_long_module_says_why_at_its_top():
 
 
 def test_the_checks_can_fail(tmp_path, monkeypatch):
-    """A cycle is found, and so is an import of the product inside a function."""
+    """A cycle is found (of modules, of folders), and so are an import of the product inside a
+    function, a view imported from below and a private name of pyinfra."""
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+    edges = {"sparkinfra.lanes.show": {"sparkinfra.serving"}, "sparkinfra.serving": {"sparkinfra.lanes.schema"},
+             "sparkinfra.lanes.schema": set(), "sparkinfra.cli.status": {"sparkinfra.serving"}}
+    assert find_cycles(folder_edges(edges)) == [["sparkinfra.serving", "sparkinfra.lanes", "sparkinfra.serving"]]
+    assert upward(edges) == []
+    edges["sparkinfra.serving"].add("sparkinfra.cli.status")
+    assert upward(edges) == ["sparkinfra.serving imports sparkinfra.cli.status"]
+    private = tmp_path / "private.py"
+    private.write_text("from pyinfra_cli.cli import _apply_inventory_limit\nfrom pyinfra.api import State\n")
+    assert private_pyinfra(private) == ["private.py line 1: pyinfra_cli.cli._apply_inventory_limit"]
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def f():\n    from sparkinfra import lanes\n    return lanes\n")
     assert imported("sparkinfra.lazy", lazy)[1] == ["sparkinfra.lazy line 2: sparkinfra.lanes"]

@@ -30,7 +30,6 @@ import pytest
 import sparkbed
 from sparkbed import cache, controller, hub
 from sparkbed.layout import SHAPES, compile_nccl_standin, elf_build_id
-from sparkinfra.lanes import load_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "images/sparkbed-lane"
 IMAGE_OVERLAY = RECIPE / "rootfs"
@@ -237,7 +236,7 @@ def test_the_index_page_lists_every_wheel_with_its_sha256_ungated(index):
     page = urllib.request.urlopen(base + "/simple/nvidia-nccl-cu13/").read().decode()
     anchors = re.findall(r'<a href="([^"#]+)#sha256=([0-9a-f]{64})">([^<]+)</a>', page)
     assert sorted(a[2] for a in anchors) == sorted(w.name for w in wheels)
-    for href, digest, name in anchors:
+    for href, digest, _ in anchors:
         url = urllib.parse.urljoin(base + "/simple/nvidia-nccl-cu13/", href)
         assert hashlib.sha256(urllib.request.urlopen(url).read()).hexdigest() == digest
     assert len(downloads.read_text().splitlines()) == 3  # each whole download counted

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sparkinfra.bench import job, probes, report
-from sparkinfra.bench.__main__ import main
+from sparkinfra.cli.bench import main
 from sparkinfra.bench.benchy import Row, benchy_command, parse_benchy
 from sparkinfra.bench.probes import BenchError, chat_url, probe, warmup
 from sparkinfra.lanes import find_lane
@@ -328,7 +328,7 @@ def test_compare_cli(tmp_path, capsys):
     assert capsys.readouterr().out == compare(a, b)
     assert main(["--compare", str(a), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
-    done = subprocess.run([sys.executable, "-m", "sparkinfra.bench", "--compare", str(a), str(a)],
+    done = subprocess.run([sys.executable, "-m", "sparkinfra", "bench", "--compare", str(a), str(a)],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert done.returncode == 0 and "## Meta\n\n(same)" in done.stdout
 
@@ -389,7 +389,8 @@ def test_fetch_tokenizer_copies_once_by_size(tmp_path):
     the_job = job.Job(
         base_url="http://h:8000", served_model="tiny", api_key_env="", snapshot="/hf/snap",
         tokenizer_files={"tokenizer.json": 5, "config.json": 5}, probes=1, max_tokens=8, workloads=["json"],
-        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="", coherence=False,
+        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="",
+        coherence=False,
         results_dir=str(tmp_path), meta=report.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
     )
     folder = job.fetch_tokenizer(Head(), the_job, cache=tmp_path / "cache")

@@ -241,8 +241,9 @@ def test_a_gid_index_of_another_row_is_refused(fabric, monkeypatch):
 def test_a_twin_whose_row_at_the_index_is_not_ipv4_is_named(fabric, monkeypatch):
     """The twin's IPv4 moved to row 5 (an IPv6 address took rows 2/3 first): row 3 there is IPv6."""
     check, root = fabric
-    gid_table(root, "roceP2p1s0f0", "enP2p1s0f0np0", [(0, LL, V1), (1, LL, V2), (2, "fd00:0213:0001:0000:0000:0000:0000:0002", V1),
-              (3, "fd00:0213:0001:0000:0000:0000:0000:0002", V2), (4, v4("169.254.0.1"), V1), (5, v4("169.254.0.1"), V2)])
+    gid_table(root, "roceP2p1s0f0", "enP2p1s0f0np0", [
+        (0, LL, V1), (1, LL, V2), (2, "fd00:0213:0001:0000:0000:0000:0000:0002", V1),
+        (3, "fd00:0213:0001:0000:0000:0000:0000:0002", V2), (4, v4("169.254.0.1"), V1), (5, v4("169.254.0.1"), V2)])
     ok, detail = check.check_gid(1)
     assert not ok
     assert detail == ("roceP2p1s0f0 (enP2p1s0f0np0) port 1: row 3 is fd00:0213:0001:0000:0000:0000:0000:0002 (RoCE v2), "

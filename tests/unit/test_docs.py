@@ -2,8 +2,8 @@
 The README and docs/ checked against the code: the settings page is the one the model generates, the
 README stays short with the two set-up commands on its first screen, every deploy, shipped lane,
 bed subcommand and benchmark has its place in its page, every relative link resolves, and every
-``python -m sparkinfra.X`` names a module that runs. Each check is a function returning what is
-wrong, so ``test_the_checks_can_fail`` can feed it a broken page.
+``python -m sparkinfra VIEW`` names a view (``python -m sparkinfra.X``: a module that runs). Each
+check is a function returning what is wrong, so ``test_the_checks_can_fail`` can feed it a broken page.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkinfra.cli import VIEWS
 from sparkinfra.settings import HostSettings
 from sparkinfra.settings.docs import COMMAND, settings_page
 
@@ -194,7 +195,7 @@ def test_every_relative_link_resolves():
     assert not problems
 
 
-# --- (8) every python -m sparkinfra.X runs -----------------------------------------------------
+# --- (8) every python -m sparkinfra VIEW runs ---------------------------------------------------
 
 def runnable(module: str) -> bool:
     """A package with a __main__.py, or a module with an ``if __name__ == "__main__"`` block."""
@@ -206,8 +207,10 @@ def runnable(module: str) -> bool:
 
 
 def module_problems(name: str, text: str) -> list[str]:
-    mentioned = sorted(set(re.findall(r"python -m (sparkinfra(?:\.\w+)*)", text)))
-    return [f"{name}: python -m {m}: no such module with a __main__" for m in mentioned if not runnable(m)]
+    mentioned = sorted(set(re.findall(r"python\s+-m\s+(sparkinfra(?:\.\w+)*)(?:\s+([a-z][\w-]*))?", text)))
+    problems = [f"{name}: python -m {m}: no such module with a __main__" for m, _ in mentioned if not runnable(m)]
+    return problems + [f"{name}: python -m sparkinfra {view}: no such view (sparkinfra.cli.VIEWS)"
+                       for m, view in mentioned if m == "sparkinfra" and view and view not in VIEWS]
 
 
 def test_every_python_m_sparkinfra_names_a_runnable_module():
@@ -244,4 +247,6 @@ def test_the_checks_can_fail(monkeypatch):
 
     assert module_problems("README.md", "python -m sparkinfra.nothing_here")
     assert module_problems("README.md", "python -m sparkinfra.facts")  # a package without __main__
-    assert not module_problems("README.md", "python -m sparkinfra.chat and python -m sparkinfra.lanes show")
+    assert module_problems("README.md", "python -m sparkinfra.chat")  # a view's old module
+    assert module_problems("README.md", "python -m sparkinfra nothing_here")
+    assert not module_problems("README.md", "python -m sparkinfra chat and python -m\nsparkinfra lanes show")

@@ -162,7 +162,8 @@ class Pair:
                 "Decrease GPU memory utilization or reduce GPU memory used by other processes.", "Worker_TP0 pid=298"))
             return "\n".join(out)
         kv = requested - self.non_kv * GIB
-        out.append(line("INFO", "gpu_worker.py:466", f"Available KV cache memory: {round(kv / GIB, 2)} GiB", "Worker_TP0 pid=298"))
+        out.append(line("INFO", "gpu_worker.py:466", f"Available KV cache memory: {round(kv / GIB, 2)} GiB",
+                        "Worker_TP0 pid=298"))
         if kv <= 0:
             out.append(line("ERROR", "core.py:1165", "ValueError: No available memory for the cache blocks. Try "
                             "increasing `gpu_memory_utilization` when initializing the engine."))
@@ -364,7 +365,8 @@ def test_cpu_kv_knob_brackets_the_edge():
     assert node.starts == [1, 64, 17, 18]
     assert result.status == "bracketed" and result.value == 17 and result.upper == 18
     text = suggestion_text(result, "sim", "tiny")
-    assert text.startswith('lane_env = {"VLLM_CPU_KVCACHE_SPACE": "17"}  # cluster sim, lane tiny: 17 boots with a 35,651,584-token KV pool')
+    assert text.startswith('lane_env = {"VLLM_CPU_KVCACHE_SPACE": "17"}  '
+                           '# cluster sim, lane tiny: 17 boots with a 35,651,584-token KV pool')
 
 
 def test_cpu_kv_knob_top_of_allowed_range():

@@ -798,7 +798,7 @@ def test_eugr_refusals(tmp_path, change, key, fragment):
 def test_eugr_cli(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ok = subprocess.run(
-        [sys.executable, "-m", "sparkinfra.lanes", "import", str(EUGR / "minimax-m2.7-nvfp4.yaml")],
+        [sys.executable, "-m", "sparkinfra", "lanes", "import", str(EUGR / "minimax-m2.7-nvfp4.yaml")],
         capture_output=True, text=True, cwd=REPO, env=env,
     )
     assert ok.returncode == 0, ok.stderr
@@ -808,7 +808,7 @@ def test_eugr_cli(tmp_path):
     bad = tmp_path / "secret.yaml"
     bad.write_text((EUGR / "minimax-m3-b12x-mods.yaml").read_text().replace("$HF_TOKEN", "$MY_SECRET"))
     refused = subprocess.run(
-        [sys.executable, "-m", "sparkinfra.lanes", "import", str(bad)],
+        [sys.executable, "-m", "sparkinfra", "lanes", "import", str(bad)],
         capture_output=True, text=True, cwd=REPO, env=env,
     )
     assert refused.returncode == 1 and refused.stdout == ""

@@ -1,5 +1,5 @@
 """
-``python -m sparkinfra.lanes show``: each rank's exact ``docker run``, env files (secrets masked)
+``python -m sparkinfra lanes show``: each rank's exact ``docker run``, env files (secrets masked)
 and revisions, from the inventory alone (no host connected).
 """
 
@@ -10,8 +10,8 @@ import shlex
 
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
-from sparkinfra.lanes.__main__ import main
-from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
+from sparkinfra.cli.lanes import main
+from sparkinfra.cli.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
 from sparkinfra.operations.files import render
 from sparkinfra.operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
 from sparkinfra.run import load_files
@@ -47,7 +47,7 @@ def test_a_branch_revision_is_shown_as_what_the_first_converge_locks(capsys):
     text = capsys.readouterr().out
     assert "REFUSED" not in text
     assert ("  model Sebesky/MiniMax-M3-W4A16-GPTQ@main: not locked; the first converge resolves it on the head "
-            "(or: python -m sparkinfra.lock inventory/pair.py)") in text
+            "(or: python -m sparkinfra lock inventory/pair.py)") in text
 
 
 def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
@@ -82,7 +82,8 @@ def test_secrets_are_not_shown(monkeypatch):
 def test_cli_shows_the_settings_lane_and_says_what_a_converge_would_refuse(capsys):
     assert main(["show", "--inventory", "inventory/sim.py"]) == 0
     assert capsys.readouterr().out.startswith("Lane sim on cluster sim (2 nodes), plan ")
-    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py", "--data", "lane=", "--data", "model=org/other"]) == 1
+    assert main(["show", "pair-a-balanced", "--inventory", "inventory/pair.py", "--data", "lane=",
+                 "--data", "model=org/other"]) == 1
     out = capsys.readouterr().out
     assert "REFUSED by a converge: lanes/pair-a-balanced.yaml: model 'Sebesky/MiniMax-M3-W4A16-GPTQ' is not" in out
     assert "rank 1 on reddie" in out  # shown all the same

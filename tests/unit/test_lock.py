@@ -18,7 +18,7 @@ import pytest
 
 from sparkbed import hub
 from sparkinfra import lock
-from sparkinfra.lock.__main__ import main as lock_main
+from sparkinfra.cli.lock import main as lock_main
 from sparkinfra.lanes import images
 from spark_cluster import load_cluster
 
@@ -331,7 +331,7 @@ def test_a_run_resolves_on_each_head_what_the_lock_lacks_once(hub_url, tmp_path,
     with chdir(project), pytest.raises(lock.LockError) as exc:
         lock.settle(state, moved, "inventory/pair.py", project)
     assert "pair: not locked, and bluey could not resolve: model (org/model@nope): " in str(exc.value)
-    assert "python -m sparkinfra.lock inventory/pair.py (then commit group_data/pair.lock.yaml)" in str(exc.value)
+    assert "python -m sparkinfra lock inventory/pair.py (then commit group_data/pair.lock.yaml)" in str(exc.value)
 
 
 # A docker for the image kind: buildx's manifest when the registry answers it, else a pull and the
@@ -343,7 +343,7 @@ case "$1 $2" in
 "pull -q") [ "$3" = "nvcr.io/nvidia/vllm:26.01-py3" ] && exit 0; echo "manifest unknown" >&2; exit 1 ;;
 "image inspect") echo '["other/x@sha256:%s", "nvcr.io/nvidia/vllm@sha256:%s"]' ;;
 esac
-""" % ("1" * 64, "2" * 64, "3" * 64)
+""" % ("1" * 64, "2" * 64, "3" * 64)  # noqa: E501 (a script's line)
 
 
 @pytest.mark.parametrize("buildx, digest", [("1", "1" * 64), ("", "3" * 64)])

@@ -1,5 +1,5 @@
 """
-``python -m sparkinfra.logs``: the node side (``scripts/lane_journal.py``, run here against a fake
+``python -m sparkinfra logs``: the node side (``scripts/lane_journal.py``, run here against a fake
 ``journalctl``), the merge and the line format, the reads of ``--follow``, and the command's
 argument errors; nothing connects (``remote`` is monkeypatched).
 """
@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkinfra import logs, remote, scripts
+from sparkinfra import remote, scripts
+from sparkinfra.cli import logs
 from sparkinfra.run import load_files
 
 T0 = 1796551200_000000  # 2026-12-06 10:00:00 UTC, in microseconds
@@ -246,25 +247,25 @@ def test_main_a_bad_grep(nothing_connects, monkeypatch, capsys):
 @pytest.mark.parametrize("lane", ["../sim", "sim b", "-x"])
 def test_main_a_lane_with_a_bad_name(offline, capsys, lane):
     assert logs.main(["inventory/sim.py", f"--lane={lane}"]) == 2
-    assert capsys.readouterr().err.startswith("sparkinfra.logs: --lane: ")
+    assert capsys.readouterr().err.startswith("sparkinfra logs: --lane: ")
     assert offline.connected == []
 
 
 def test_main_an_unknown_rank(offline, capsys):
     assert logs.main(["inventory/sim.py", "--rank", "7"]) == 2
-    assert capsys.readouterr().err == "sparkinfra.logs: cluster sim has no rank [7]\n"
+    assert capsys.readouterr().err == "sparkinfra logs: cluster sim has no rank [7]\n"
     assert offline.connected == []
 
 
 def test_main_an_unknown_cluster(offline, capsys):
     assert logs.main(["inventory/sim.py", "--cluster", "nope"]) == 2
-    assert capsys.readouterr().err == "sparkinfra.logs: no cluster 'nope' in the inventory (it has: sim)\n"
+    assert capsys.readouterr().err == "sparkinfra logs: no cluster 'nope' in the inventory (it has: sim)\n"
 
 
 def test_main_a_bad_inventory_path(nothing_connects, monkeypatch, capsys):
     assert logs.main(["inventory/no-such-inventory.py"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("sparkinfra.logs: ") and "inventory/no-such-inventory.py" in err
+    assert err.startswith("sparkinfra logs: ") and "inventory/no-such-inventory.py" in err
 
 
 def test_main_merges_every_rank(offline, capsys, utc):

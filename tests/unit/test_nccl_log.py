@@ -13,7 +13,7 @@ HEAD = """\
 (EngineCore pid=212) spark-1:212:530 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:10.0.0.1<0>
 (EngineCore pid=212) spark-1:212:530 [0] NCCL INFO Using network IB
 (EngineCore pid=212) INFO 12-05 02:11:09 [pynccl.py:111] vLLM is using nccl==2.30.7
-"""
+"""  # noqa: E501 (NCCL's own lines)
 WORKER_ON_TCP = """\
 spark-2:98:98 [0] NCCL INFO Bootstrap : Using enp1s0f0np0:10.0.0.2<0>
 spark-2:98:301 [0] NCCL INFO NCCL_IB_GID_INDEX set by environment to 5.

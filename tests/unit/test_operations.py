@@ -1,11 +1,13 @@
 """
 Operations against recorded facts, as pyinfra's own operation tests run them: a fixture
-(``fixtures/operations/<module>.<operation>/<case>.json``, the module under ``sparkinfra.operations``) gives the operation's arguments and every fact it
-reads (``{"fact", "args", "value"}``; a fact read that the fixture lacks fails the case) and holds
-the commands it must yield, or, when it yields none, the noop it must report. No host is contacted.
+(``fixtures/operations/<module>.<operation>/<case>.json``, the module under ``sparkinfra.operations``)
+gives the operation's arguments and every fact it reads (``{"fact", "args", "value"}``; a fact read
+that the fixture lacks fails the case) and holds the commands it must yield, or, when it yields
+none, the noop it must report. No host is contacted.
 
-A fixture's ``port`` is a node's ``roce.Port`` as a dict; its ``key_host`` (an argument naming another pyinfra host) is ``{"name", "facts"}``;
-``stage`` is ``"prepare"`` for pyinfra's change-detection pass (default: ``"execute"``).
+A fixture's ``port`` is a node's ``roce.Port`` as a dict; its ``key_host`` (an argument naming another
+pyinfra host) is ``{"name", "facts"}``; ``stage`` is ``"prepare"`` for pyinfra's change-detection
+pass (default: ``"execute"``).
 """
 
 from __future__ import annotations

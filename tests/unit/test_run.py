@@ -152,6 +152,8 @@ def test_run_start_refuses_a_partial_limit_before_touching_any_host(monkeypatch)
     ({"limit": ("spark-2",)}, {"spark-2"}),
     ({"limit": ("spark-[12]",), "exclude": ("spark-1",)}, {"spark-2"}),  # pyinfra's own patterns
     ({"limit": ("no-such-host",)}, set()),  # pyinfra's CLI then says no host is left
+    ({"limit": ("pair_b",)}, {"spark-3", "spark-4"}),  # a group's name: its hosts
+    ({"exclude": ("pair_a", "spark-4")}, {"spark-3"}),
 ])
 def test_the_limit_is_read_while_the_inventory_loads(monkeypatch, params, names):
     """Before any connection (a worker alone in a run may not even answer): the CLI's --limit,

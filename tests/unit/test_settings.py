@@ -585,7 +585,7 @@ class Listener:
     def _accept_one(self) -> bool:
         try:
             conn, _ = self.sock.accept()
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             return False
         self.count += 1
         conn.close()

@@ -1,7 +1,7 @@
 """
 The shipped sites (``inventory/<site>.py`` + ``group_data/<site>.py``): each is read as a converge
 reads it with no ``--data`` (settings checked, the lock's pins applied where it has any), serves its
-seed's lane, passes ``python -m sparkinfra.lanes show`` (exit 0) and the controller's vLLM check;
+seed's lane, passes ``python -m sparkinfra lanes show`` (exit 0) and the controller's vLLM check;
 the pair's other lanes are one ``--data lane=`` away, and seed 002's AWQ lane on the quad is its lane,
 model and drafter away. Connects to nothing.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from sparkinfra import lanes
-from sparkinfra.lanes.__main__ import main
+from sparkinfra.cli.lanes import main
 from sparkinfra.lanes.images import images_dir
 from sparkinfra.run import load_files
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -858,7 +857,8 @@ def test_the_pull_reads_the_manifest_once_in_place_not_at_the_rsyncs_exit(tmp_pa
     head = staged_head(tmp_path)
     worker = tmp_path / "worker" / head.name
     log = tmp_path / "rsync.log"
-    env = stubs(tmp_path, rsync=(f'case "$*" in *--files-from*) echo "pull $(date +%s.%N)" >> {log}; exec /usr/bin/rsync "$@";; esac\n'
+    env = stubs(tmp_path, rsync=(f'case "$*" in *--files-from*) echo "pull $(date +%s.%N)" >> {log}; '
+                                 'exec /usr/bin/rsync "$@";; esac\n'
                                  f'/usr/bin/rsync "$@" || exit\nsleep 2\necho "exit $(date +%s.%N)" >> {log}\n'))
     proc = run_pull(tmp_path, head, worker, env, stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()

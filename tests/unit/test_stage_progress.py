@@ -352,7 +352,8 @@ def test_one_operation_has_the_head_serve_while_the_workers_behind_pull():
 
 def test_the_head_stops_its_daemon_when_it_runs_and_else_does_nothing():
     head, workers = nodes("d1", "d0", unit_active=True)
-    assert [rendered(c) for c in served(head, workers, present=False)[0]] == [f"systemctl kill --signal=SIGKILL {transfer.STAGE_UNIT}"]
+    assert [rendered(c) for c in served(head, workers, present=False)[0]] == [
+        f"systemctl kill --signal=SIGKILL {transfer.STAGE_UNIT}"]
     head, workers = nodes("d1", "d0", unit_active=False)
     assert served(head, workers, present=False) == ([], [f"nothing serves {REPO_DIR}"])
 

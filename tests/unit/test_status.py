@@ -1,5 +1,5 @@
 """
-``python -m sparkinfra.status``: what it finds wrong from the nodes' reports (``problems``), how it
+``python -m sparkinfra status``: what it finds wrong from the nodes' reports (``problems``), how it
 reads a node's report (``node_view``), what it prints (``text``, ``--json``), and the node side
 (``scripts/node_report.py``), all without a node: the reports are shaped as ``report()`` returns
 them, and the remote calls are monkeypatched.
@@ -22,7 +22,8 @@ from types import SimpleNamespace
 import pytest
 from gb10 import table, v4
 
-from sparkinfra import remote, scripts, status, transfer
+from sparkinfra import remote, scripts, transfer
+from sparkinfra.cli import status
 from sparkinfra.run import load_files
 
 from spark_cluster import load_cluster
@@ -552,13 +553,13 @@ def test_main_prints_text_without_json(offline, capsys, sim):
 
 def test_main_an_unknown_cluster(nothing_connects, monkeypatch, capsys):
     assert status.main(["inventory/sim.py", "--cluster", "nope"]) == 2
-    assert capsys.readouterr().err == "sparkinfra.status: no cluster 'nope' in the inventory (it has: sim)\n"
+    assert capsys.readouterr().err == "sparkinfra status: no cluster 'nope' in the inventory (it has: sim)\n"
 
 
 def test_main_a_bad_inventory_path(nothing_connects, monkeypatch, capsys):
     assert status.main(["inventory/no-such-inventory.py"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("sparkinfra.status: ") and "inventory/no-such-inventory.py" in err
+    assert err.startswith("sparkinfra status: ") and "inventory/no-such-inventory.py" in err
 
 
 def test_main_bad_data(nothing_connects, monkeypatch, capsys):

@@ -75,7 +75,7 @@ class Target:
         assert out.rc == 0, f"{self}: {out.stderr}"
         return dict(line.split("=", 1) for line in out.stdout.splitlines() if line and not line.startswith("#"))
 
-    def root(self, command: str, *args) -> "testinfra.backend.base.CommandResult":
+    def root(self, command: str, *args) -> testinfra.backend.base.CommandResult:
         """Run a command as root (through sudo when the node's user is not root)."""
         if self.sudo:
             with self.host.sudo():
@@ -104,7 +104,8 @@ def _testinfra_host(data) -> testinfra.host.Host:
     if data.get("ssh_key"):
         extra.append("-o IdentitiesOnly=yes")
     # One multiplexed connection per node for the whole run; closed in pytest_unconfigure.
-    kwargs = {"ssh_extra_args": " ".join(extra), "controlpersist": 60, "controlpath": _CONTROL_PATH.replace("%", "%%")}  # testinfra %-formats it
+    # testinfra %-formats the control path
+    kwargs = {"ssh_extra_args": " ".join(extra), "controlpersist": 60, "controlpath": _CONTROL_PATH.replace("%", "%%")}
     if data.get("ssh_key"):
         kwargs["ssh_identity_file"] = data.get("ssh_key")
     if data.get("ssh_config_file"):

@@ -1,5 +1,5 @@
 """
-python -m sparkinfra.bench --compare results/<cluster>/<lane>/<A> results/<cluster>/<lane>/<B>
+python -m sparkinfra bench --compare results/<cluster>/<lane>/<A> results/<cluster>/<lane>/<B>
 """
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .report import compare
+from ..bench.report import compare
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sparkinfra bench", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--compare", nargs=2, metavar=("A", "B"), required=True,
         help="two results/<cluster>/<lane>/<timestamp> folders: print how B differs from A",
@@ -23,7 +23,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compare: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

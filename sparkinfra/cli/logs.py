@@ -1,7 +1,7 @@
 """
 Every rank's lane journal, merged in time order. Read-only, over the inventory's SSH.
 
-    python -m sparkinfra.logs inventory/pair.py [--rank N ...] [--since WHEN] [--lines N]
+    python -m sparkinfra logs inventory/pair.py [--rank N ...] [--since WHEN] [--lines N]
                                                 [--grep REGEX] [--follow] [--lane LANE]
 
 Each line: the time, the node and its rank, the journal's message (the lane's runner and its
@@ -24,9 +24,9 @@ from datetime import datetime
 
 from pyinfra.api import QuoteString, StringCommand
 
-from . import remote, scripts, serving
-from .run import InventorySettingsError
-from .settings import lane_problem
+from .. import remote, scripts, serving
+from ..run import InventorySettingsError
+from ..settings import lane_problem
 
 FOLLOW_EVERY = 1.0  # seconds between two reads of every rank's journal with --follow
 FOLLOW_LAG = 2.0  # seconds --follow holds an entry, so entries of all ranks print in time order
@@ -75,7 +75,7 @@ def next_query(query: dict, cursor: str, first: bool, began: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.logs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sparkinfra logs", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cluster", help="one cluster of the inventory (default: the first)")
@@ -95,18 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         inventory, settings = remote.settings_of(args.inventory, args.data)
         cluster = remote.clusters_of(settings, args.cluster)[0]
     except InventorySettingsError as exc:
-        print(f"sparkinfra.logs: {exc}", file=sys.stderr)
+        print(f"sparkinfra logs: {exc}", file=sys.stderr)
         return 2
     lane = args.lane or cluster.config.lane
     if not lane:
-        print(f"sparkinfra.logs: cluster {cluster.name} names no lane (settings: lane); give --lane", file=sys.stderr)
+        print(f"sparkinfra logs: cluster {cluster.name} names no lane (settings: lane); give --lane", file=sys.stderr)
         return 2
     if problem := lane_problem(lane):
-        print(f"sparkinfra.logs: --lane: {problem}", file=sys.stderr)
+        print(f"sparkinfra logs: --lane: {problem}", file=sys.stderr)
         return 2
     nodes = [n for n in cluster.nodes if not args.rank or n.rank in args.rank]
     if not nodes:
-        print(f"sparkinfra.logs: cluster {cluster.name} has no rank {args.rank}", file=sys.stderr)
+        print(f"sparkinfra logs: cluster {cluster.name} has no rank {args.rank}", file=sys.stderr)
         return 2
     (reached,) = remote.connect(inventory, [cluster])
     failed = False
@@ -176,6 +176,3 @@ class Held:
         kept = [(row, at) for row, at in zip(self.rows, self.arrived) if row[0] > cut]
         self.rows, self.arrived = [row for row, _ in kept], [at for _, at in kept]
         return out
-
-if __name__ == "__main__":
-    sys.exit(main())

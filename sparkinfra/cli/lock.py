@@ -1,5 +1,5 @@
 """
-    python -m sparkinfra.lock INVENTORY [--update NAME|all] [--data key=value ...]
+    python -m sparkinfra lock INVENTORY [--update NAME|all] [--data key=value ...]
 
 Resolve on this machine (the controller) what each cluster's lock lacks, or what ``--update``
 names, write the lock, and print each pin made and the lock's diff (``sparkinfra.lock``).
@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 from ..lanes.schema import LaneError, display
+from ..lock import LockError, cluster_lane, describe, missing, resolve_here, site_lock, write
 from ..run import load_files
 from ..settings import Cluster, SettingsError
-from . import LockError, cluster_lane, describe, missing, resolve_here, site_lock, write
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sparkinfra.lock",
+        prog="python -m sparkinfra lock",
         description="Resolve what the network decides for each cluster of an inventory and write its lock "
         "(group_data/<cluster>.lock.yaml): what it lacks, or what --update names.",
     )
@@ -33,14 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, settings = load_files(args.inventory, args.data, pin=False)
     except (SettingsError, LockError, LaneError) as exc:  # each names its file and key
-        print(f"sparkinfra.lock: {exc}", file=sys.stderr)
+        print(f"sparkinfra lock: {exc}", file=sys.stderr)
         return 2
     status = 0
     for cluster in settings.clusters.values():
         try:
             status = max(status, lock_cluster(cluster, args.inventory, set(args.update)))
         except (LockError, LaneError) as exc:
-            print(f"sparkinfra.lock: {exc}", file=sys.stderr)
+            print(f"sparkinfra lock: {exc}", file=sys.stderr)
             status = 2
     return status
 
@@ -69,7 +69,3 @@ def lock_cluster(cluster: Cluster, inventory_file: str, update: set[str]) -> int
     for problem in failed:
         print(f"{cluster.name}: not resolved here: {problem}", file=sys.stderr)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """
 One chat completion from a cluster's serving lane, from the controller.
 
-    python -m sparkinfra.chat inventory/pair.py "Write a haiku about RoCE"   [--data key=value ...]
+    python -m sparkinfra chat inventory/pair.py "Write a haiku about RoCE"   [--data key=value ...]
 
 The head's address, API port and served model name come from the same settings the deploy used;
 an API key, when the settings name one, is read from the controller's environment.
@@ -17,8 +17,8 @@ import time
 import urllib.error
 import urllib.request
 
-from .cluster_lane import cluster_lane
-from .run import load_files
+from ..cluster_lane import cluster_lane
+from ..run import load_files
 
 
 def chat(url: str, model: str, prompt: str, max_tokens: int, api_key: str = "", timeout: float = 300) -> dict:
@@ -33,7 +33,7 @@ def chat(url: str, model: str, prompt: str, max_tokens: int, api_key: str = "", 
 
 def main(argv: list[str] | None = None) -> int:
 
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.chat", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sparkinfra chat", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory")
     parser.add_argument("prompt")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
@@ -63,7 +63,3 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"-- {tokens} tokens in {seconds:.2f}s from {url}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ unit (options, mounts, image, the ``vllm serve`` arguments), its env files with 
 model and drafter with their revisions. Read from the inventory and ``group_data`` alone: no host
 is connected.
 
-    python -m sparkinfra.lanes show [LANE] --inventory inventory/pair.py [--data key=value ...]
+    python -m sparkinfra lanes show [LANE] --inventory inventory/pair.py [--data key=value ...]
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from .. import serving
 from ..cluster_lane import cluster_lane
 from ..operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_env, nccl_variables, upload_identity
 from ..settings import Cluster
-from .checks import check_lane
-from .images import lane_image, load_recipe, network_refs
-from .mods import ModsNotFetched, lane_mods
-from .schema import Lane, LaneError
+from ..lanes.checks import check_lane
+from ..lanes.images import lane_image, load_recipe, network_refs
+from ..lanes.mods import ModsNotFetched, lane_mods
+from ..lanes.schema import Lane, LaneError
 
 # A variable whose name says it holds a credential is shown masked.
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
@@ -86,7 +86,7 @@ def mod_lines(lane: Lane, cluster: Cluster) -> tuple[list[str], bool]:
 
 
 def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked: list[str] = ()) -> str:
-    """The text of ``python -m sparkinfra.lanes show`` for ``lane`` on ``cluster``, headed by what would
+    """The text of ``python -m sparkinfra lanes show`` for ``lane`` on ``cluster``, headed by what would
     make a converge refuse it (``problems``; by default ``check_lane``'s) and by what the site's lock
     pins (``locked``: ``lock.reference_lines``)."""
     config = cluster.config

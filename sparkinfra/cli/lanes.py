@@ -1,6 +1,6 @@
 """
-    python -m sparkinfra.lanes import RECIPE.yaml   # an eugr/spark-vllm-docker recipe -> lane YAML
-    python -m sparkinfra.lanes show [LANE] --inventory inventory/pair.py [--data key=value ...]
+    python -m sparkinfra lanes import RECIPE.yaml   # an eugr/spark-vllm-docker recipe -> lane YAML
+    python -m sparkinfra lanes show [LANE] --inventory inventory/pair.py [--data key=value ...]
                                                     # each rank's docker run, env files, revisions
 """
 
@@ -13,15 +13,15 @@ from pathlib import Path
 from .. import lock
 from ..run import load_files
 from ..settings import SettingsError
-from .eugr import import_eugr
-from .render import lane_yaml
-from .checks import check_lane
-from .schema import LaneError, find_lane
+from ..lanes.checks import check_lane
+from ..lanes.eugr import import_eugr
+from ..lanes.render import lane_yaml
+from ..lanes.schema import LaneError, find_lane
 from .show import show
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.lanes", description="sparkinfra lanes")
+    parser = argparse.ArgumentParser(prog="python -m sparkinfra lanes", description="sparkinfra lanes")
     commands = parser.add_subparsers(dest="command", required=True)
     imported = commands.add_parser("import", help="print the lane of an eugr/spark-vllm-docker recipe")
     imported.add_argument("file", help="the recipe's YAML file")
@@ -57,7 +57,3 @@ def _show(inventory: str, data: list[str], name: str | None) -> int:
         said = lock.reference_lines(refs, entries, path, inventory)
         sys.stdout.write(("\n" if i else "") + show(lane, cluster, problems, said))
     return 1 if refused else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

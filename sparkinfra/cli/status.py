@@ -1,7 +1,7 @@
 """
 Is the cluster serving what its settings name? Read-only, over the inventory's SSH.
 
-    python -m sparkinfra.status inventory/pair.py [--data key=value ...] [--cluster NAME] [--json]
+    python -m sparkinfra status inventory/pair.py [--data key=value ...] [--cluster NAME] [--json]
 
 Per cluster: the lane its settings name and the plan digest they render; per node: its rank, the
 lane unit's state, the container's start, the image ID (against the head's), the snapshots
@@ -28,11 +28,12 @@ from pyinfra.api import QuoteString, StringCommand
 
 from ipaddress import IPv4Interface
 
-from . import chat, lanes, nccl_log, remote, roce, scripts, serving, transfer
-from .cluster_lane import cluster_lane
-from .operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
-from .run import InventorySettingsError
-from .settings import Cluster, Fabric
+from .. import lanes, nccl_log, remote, roce, scripts, serving, transfer
+from ..cluster_lane import cluster_lane
+from ..operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
+from ..run import InventorySettingsError
+from ..settings import Cluster, Fabric
+from . import chat
 
 HISTORY_SHOWN = 5  # the lane's last events a status shows
 
@@ -322,7 +323,7 @@ def text(status: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkinfra.status", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sparkinfra status", description=__doc__.split("\n\n")[0])
     parser.add_argument("inventory")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cluster", help="one cluster of the inventory (default: every one)")
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         inventory, settings = remote.settings_of(args.inventory, args.data)
         clusters = remote.clusters_of(settings, args.cluster)
     except (InventorySettingsError, lanes.LaneError) as exc:
-        print(f"sparkinfra.status: {exc}", file=sys.stderr)
+        print(f"sparkinfra status: {exc}", file=sys.stderr)
         return 2
     statuses = [cluster_status(reached) for reached in remote.connect(inventory, clusters)]
     ok = all(s["ok"] for s in statuses)
@@ -341,7 +342,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n".join(text(s) for s in statuses))
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

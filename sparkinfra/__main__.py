@@ -1,0 +1,7 @@
+"""``python -m sparkinfra VIEW ...``: the command-line views (``sparkinfra.cli``)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
