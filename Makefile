@@ -27,14 +27,16 @@ demo: setup
 	$(BED) run $(VENV)/bin/pytest tests/verify --inventory inventory/sim.py -q -p no:cacheprovider
 	@echo "bed is up: '$(BED) status', '$(BED) run ssh -F /var/lib/sparkinfra-bed/controller/ssh_config spark-1', 'make bed-down'"
 
-# ruff, unit tests, then the end-to-end layer on a fresh bed (up and down inside the run). What the
-# bed caches (Debian base, image rootfs, tiny model) is built meanwhile, beside the unit tests.
+# ruff, then the unit layer and the end-to-end layer side by side: the unit tests (at a lower
+# priority, their output in .unit.log, shown when they end) run beside what the bed caches being
+# built (Debian base, image rootfs, tiny model) and the first e2e modules on a fresh bed (up and down
+# inside the run), which wait on SSH and systemd more than on the CPU.
 test: setup
 	$(VENV)/bin/ruff check .
-	@$(BED) build > .bed-build.log 2>&1 & build=$$!; \
-	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests/unit; unit=$$?; \
-	if ! wait $$build; then cat .bed-build.log; exit 1; fi; \
+	@nice -n 10 $(VENV)/bin/pytest -p no:cacheprovider --durations=15 tests/unit > .unit.log 2>&1 & unit=$$!; \
+	if ! $(BED) build > .bed-build.log 2>&1; then cat .bed-build.log; kill $$unit; exit 1; fi; \
 	$(VENV)/bin/pytest -p no:cacheprovider --durations=25 -m "not eight_nodes" tests/e2e; e2e=$$?; \
+	wait $$unit; unit=$$?; echo "== the unit layer (beside the e2e layer):"; cat .unit.log; \
 	[ $$unit = 0 ] && [ $$e2e = 0 ]
 
 lint: setup
