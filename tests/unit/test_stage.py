@@ -830,9 +830,11 @@ def test_pull_from_the_heads_daemon_waits_for_its_port_reads_its_manifest_there_
     head = staged_head(tmp_path)
     worker = tmp_path / "worker" / head.name
     log = tmp_path / "rsync.log"
-    # The stand-in daemon's rsync: it logs each call and hands out the head's manifest when asked for it.
+    # The stand-in daemon's rsync: it logs each call and hands out the head's manifest when asked for
+    # it, put in place by a rename once whole, as rsync does (a plain cp is seen half-written).
     env = stubs(tmp_path, rsync=(f'echo "$(date +%s.%N) $*" >> {log}\n'
-                                 f'case "$*" in *{tool.MANIFEST}*) for a; do :; done; cp {head / tool.MANIFEST} "$a";; esac\n'))
+                                 f'case "$*" in *{tool.MANIFEST}*) for a; do :; done; '
+                                 f'cp {head / tool.MANIFEST} "$a.part" && mv "$a.part" "$a";; esac\n'))
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
