@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from sparkinfra.node import paths  # noqa: E402
 from sparkinfra import serving  # noqa: E402
 
 INVENTORY = "inventory/sim.py"
@@ -54,11 +55,11 @@ def _on(node: str, command: str) -> str:
 
 def start(cold: bool) -> float:
     """Seconds from the head's unit started to a completion, the lane stopped first."""
-    unit, plan = serving.unit_name(LANE), serving.plan_path(LANE)
+    unit, plan = paths.unit_name(LANE), paths.plan_path(LANE)
     _on("spark-1", f"systemctl stop {unit}")
     if cold:
         for node in NODES:
-            _on(node, f"rm -rf {serving.COMPILE_CACHE}/{LANE}")
+            _on(node, f"rm -rf {paths.COMPILE_CACHE}/{LANE}")
     started = time.monotonic()
     _on("spark-1", f"systemctl start {unit} && python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready {plan} 600")
     return time.monotonic() - started
@@ -67,8 +68,8 @@ def start(cold: bool) -> float:
 def cache_sizes(node: str) -> dict[str, int]:
     """Bytes each compile cache kind holds on ``node`` (every image of the lane)."""
     sizes = {}
-    for kind in serving.COMPILE_CACHES:
-        out = _on(node, f"find {serving.COMPILE_CACHE}/{LANE}/*/{kind} -type f -printf '%s\\n' 2>/dev/null "
+    for kind in paths.COMPILE_CACHES:
+        out = _on(node, f"find {paths.COMPILE_CACHE}/{LANE}/*/{kind} -type f -printf '%s\\n' 2>/dev/null "
                         "| awk '{s += $1} END {print s + 0}'")
         sizes[kind] = int(out.split()[-1])
     return sizes

@@ -10,6 +10,7 @@ every node), the GPU clock (locked when the settings say so), no stale lane cont
 from pyinfra import inventory
 
 from sparkinfra import run
+from sparkinfra.node.paths import NCCL_ENV_FILE
 from sparkinfra.operations.fabric import fabric_address, fabric_link, fabric_persisted
 from sparkinfra.operations.files import text_block
 from sparkinfra.operations.gpu import gpu_clocks_locked
@@ -25,7 +26,6 @@ from sparkinfra.operations.mesh import (
     ssh_key_present,
 )
 from sparkinfra.operations.nccl import (
-    NCCL_ENV_FILE,
     nccl_environment,
     nccl_fetched,
     nccl_pinned,

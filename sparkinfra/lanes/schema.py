@@ -32,7 +32,7 @@ from pyinfra.api.exceptions import PyinfraError
 from .. import scripts
 
 LANES_DIR = Path(__file__).resolve().parents[2] / "lanes"
-CHECK_SCRIPT = scripts.path("vllm_check.py")
+CHECK_SCRIPT = Path(scripts.__file__).resolve().parent.parent / "node" / "vllm_check.py"
 CHECK_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkinfra" / "vllm-check"
 
 # The start of the note ``validate_with_vllm`` returns when the given python has no vLLM.

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from test_templates import golden
 
+from sparkinfra.node import paths
 from sparkinfra import lanes, serving
 from sparkinfra.operations.files import render
 from sparkinfra.run import load_files
@@ -65,7 +66,7 @@ def test_every_rank_carries_one_digest_that_any_change_moves(plans):
 
 def test_only_the_head_serves_with_the_key_and_knows_the_workers(plans):
     head, worker = plans
-    assert head.api_key_file == serving.secret_env_path("sim") and worker.api_key_file == ""
+    assert head.api_key_file == paths.secret_env_path("sim") and worker.api_key_file == ""
     assert head.command[:2] == ("sh", "-c") and worker.command[0] != "sh"
     assert "sk-golden" not in json.dumps([p.runner_plan() for p in plans]) + str([p.env for p in plans])
     assert head.workers == ((str(worker.node.fabric_ip), 1),) and worker.workers == ()
@@ -139,14 +140,14 @@ def test_a_lane_with_mods_mounts_them_and_a_changed_mod_moves_its_digest(tmp_pat
     for plan in (head, worker):
         assert "/var/lib/sparkinfra/mods/modded:/run/sparkinfra/mods:ro" in plan.docker_options
         assert plan.runner_plan()["mods"] == [{"name": "hello", "sha256": plan.mods[0][1]}]
-    assert worker.command[:5] == ("sh", serving.CONTAINER_APPLY_MODS, serving.CONTAINER_MODS, "hello", "--")
+    assert worker.command[:5] == ("sh", serving.CONTAINER_APPLY_MODS, paths.CONTAINER_MODS, "hello", "--")
     assert head.command[:4] == ("sh", "-c", serving.WITH_API_KEY, "sparkinfra-api-key")  # the key, then the mods
     assert head.command[4:9] == worker.command[:5]
     (tmp_path / "mods/hello/run.sh").write_text("#!/bin/bash\necho hello again\n")
     assert serving.rank_plans(lane, cluster)[0].digest != head.digest
 
 
-# A lane's files: named in one place (serving.lane_paths), found again by the node's fact
+# A lane's files: named in one place (paths.lane_paths), found again by the node's fact
 # ---------------------------------------------------------------------------------------
 
 
@@ -154,8 +155,8 @@ def test_a_lane_with_mods_mounts_them_and_a_changed_mod_moves_its_digest(tmp_pat
 def test_every_path_of_a_lane_is_found_as_that_lanes(lane):
     from sparkinfra.facts.lane import LaneFiles
 
-    paths = serving.lane_paths(lane)
-    assert [serving.lane_of_path(p) for p in paths] == [lane] * len(paths)
+    paths = paths.lane_paths(lane)
+    assert [paths.lane_of_path(p) for p in paths] == [lane] * len(paths)
     listed = [*paths, "/var/lib/sparkinfra/lanes/vllm_check.py", "/etc/sparkinfra/lanes/.json"]  # not a lane's
     assert LaneFiles().process(listed) == {lane: sorted(paths)}
 
@@ -163,7 +164,7 @@ def test_every_path_of_a_lane_is_found_as_that_lanes(lane):
 def test_every_mark_the_runner_writes_is_a_lane_path():
     """What lane_ctl leaves in the marks folder goes with its lane (MARK_NAMES is the list)."""
     written = set(re.findall(r'mark\(\w+, "([\w.-]+)"\)', serving.LANE_CTL_SOURCE.read_text()))
-    assert written and written <= set(serving.MARK_NAMES), written - set(serving.MARK_NAMES)
+    assert written and written <= set(paths.MARK_NAMES), written - set(paths.MARK_NAMES)
 
 
 # A lane's NCCL changes (nccl_env): in the plan, the digest and the options of every rank
@@ -176,8 +177,8 @@ def test_a_lanes_nccl_changes_are_in_every_ranks_plan_and_options():
     cluster, lane = _sim_cluster(), lanes.find_lane("sim")
     tuned = lane.model_copy(update={"nccl_env": {"NCCL_PROTO": "LL", "NCCL_IB_MERGE_NICS": None}})
     before, after = serving.rank_plans(lane, cluster), serving.rank_plans(tuned, cluster)
-    mine = serving.nccl_env_path("sim")
-    assert mine == f"{serving.MARKS_DIR}/sim.nccl.env" and mine in serving.lane_paths("sim")  # a teardown removes it
+    mine = paths.nccl_env_path("sim")
+    assert mine == f"{paths.MARKS_DIR}/sim.nccl.env" and mine in paths.lane_paths("sim")  # a teardown removes it
     for plan, was in zip(after, before):
         assert plan.nccl_changes == {"NCCL_IB_MERGE_NICS": None, "NCCL_PROTO": "LL"}
         assert plan.runner_plan()["nccl_env"] == {

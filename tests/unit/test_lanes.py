@@ -50,7 +50,7 @@ from sparkinfra.lanes import (
     vllm_request,
 )
 from sparkinfra.lanes.schema import MAX_BYTES, MAX_DEPTH, MAX_VALUES, read_yaml
-from sparkinfra.scripts.vllm_check import _find, strip_flags
+from sparkinfra.node.vllm_check import _find, strip_flags
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -8,12 +8,14 @@ from __future__ import annotations
 import importlib.util
 import shlex
 
+from sparkinfra.node import paths
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
 from sparkinfra.lanes.__main__ import main
 from sparkinfra.lanes.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
 from sparkinfra.operations.files import render
-from sparkinfra.operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
+from sparkinfra.node.paths import NCCL_ENV_FILE
+from sparkinfra.operations.nccl import nccl_env, nccl_variables
 from sparkinfra.run import load_files
 
 MODEL_COMMIT, DRAFTER_COMMIT = "a" * 40, "d" * 40  # stand-ins for the commits a site pins
@@ -108,7 +110,7 @@ def _ctl():
 def test_each_rank_shows_the_lanes_nccl_changes_and_the_file_it_gets():
     lane = find_lane("sim").model_copy(update={"nccl_env": {"NCCL_PROTO": "LL", "NCCL_IB_MERGE_NICS": None}})
     text = show(lane, _cluster("inventory/sim.py"))
-    mine = serving.nccl_env_path("sim")
+    mine = paths.nccl_env_path("sim")
     ranks = text.split("\nrank ")[1:]
     assert len(ranks) == 2
     for rank in ranks:
