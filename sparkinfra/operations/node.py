@@ -47,6 +47,5 @@ def programs_present(present: bool = True):
         yield StringCommand("rm", "-f", QuoteString(f"{PROGRAMS}/{name}"))
     for name, digest in sorted(wanted.items()):
         if now.get(name) != digest:
-            dest = f"{PROGRAMS}/{name}"
-            yield FileUploadCommand(str(node.DIR / name), dest, remote_temp_filename=host.get_temp_filename(dest))
+            yield FileUploadCommand(str(node.DIR / name), f"{PROGRAMS}/{name}")
     yield StringCommand("chmod", "-R", "u=rwX,go=rX", QuoteString(PROGRAMS))
