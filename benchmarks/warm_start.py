@@ -5,7 +5,7 @@ simulated pair, measured in one run.
     python benchmarks/warm_start.py          # as root; brings a 2-node bed up (and down at the end)
 
 Serves the sim lane once, then times starts of the whole lane (the head's unit started: the container
-checks, every rank, until a completion returns tokens, ``lane_ctl.py wait-ready``): cold with
+checks, every rank, until a completion returns tokens, ``lane_ctl wait-ready``): cold with
 ``/var/cache/sparkinfra/compile/sim`` removed on both nodes first, warm right after, alternated for
 ``ROUNDS`` rounds. Prints each start, the medians and warm/cold, then what each cache kind holds on
 each node: a kind that stays empty is one this build does not fill (vLLM's CPU build with the sim
@@ -61,7 +61,7 @@ def start(cold: bool) -> float:
         for node in NODES:
             _on(node, f"rm -rf {paths.COMPILE_CACHE}/{LANE}")
     started = time.monotonic()
-    _on("spark-1", f"systemctl start {unit} && python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready {plan} 600")
+    _on("spark-1", f"systemctl start {unit} && python3 /usr/local/lib/sparkinfra/node lane_ctl wait-ready {plan} 600")
     return time.monotonic() - started
 
 
