@@ -24,7 +24,7 @@ from datetime import datetime
 
 from pyinfra.api import QuoteString, StringCommand
 
-from . import remote, scripts, serving
+from . import remote, scripts
 from .node import paths
 from .run import InventorySettingsError
 from .settings import lane_problem

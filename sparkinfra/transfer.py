@@ -18,7 +18,7 @@ import shlex
 from pyinfra.api import QuoteString, StringCommand
 
 from . import scripts
-from .node.paths import MANIFEST, STAGE_CONF, STAGE_UNIT
+from .node.paths import STAGE_CONF, STAGE_UNIT
 from .settings import Cluster
 
 # The head's rsync daemon while workers pull (scripts/stage_serve.sh starts it, the deploy stops it).

@@ -72,8 +72,11 @@ MESH_CONFIG_MARKER = "# {mark} sparkinfra fabric mesh"
 # operations it runs undo (the GPU clock unit, the fabric's boot config, the head's mesh): the
 # lanes' shared folders, the node programs, the NCCL env file. Images, model snapshots with their
 # manifests, the compile caches, the pinned NCCL library, its record and the converge lock stay.
+# Where earlier versions placed the node programs one file at a time (a full teardown removes them too).
+OLD_PROGRAMS = tuple(f"/usr/local/lib/sparkinfra/{name}" for name in (
+    "lane_ctl.py", "container_check.py", "nccl_identity.py", "nccl_fetch.py", "apply_mods.sh"))
 FULL_TEARDOWN_FOLDERS = (PLANS_DIR, PROGRAMS, MODS_DIR, MARKS_DIR, STATE_DIR)
-FULL_TEARDOWN_FILES = (NCCL_ENV_FILE,)
+FULL_TEARDOWN_FILES = (NCCL_ENV_FILE, *OLD_PROGRAMS)
 
 
 def unit_path(unit: str) -> str:

@@ -19,7 +19,7 @@ from pyinfra.operations import files
 
 from ..facts.mesh import AuthorizedKeys
 from ..facts.reading import gathered, gathered_each
-from ..node.paths import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS
+from ..node.paths import MESH_KEY, MESH_KNOWN_HOSTS
 from ..settings import Cluster
 
 HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"

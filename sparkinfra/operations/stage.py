@@ -27,7 +27,7 @@ from ..progress import shown
 from ..lanes import images
 from ..facts.reading import at_once, gathered, gathered_each, unproxied
 from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
-from ..node.paths import HF_TOKEN_FILE, RUN
+from ..node.paths import HF_TOKEN_FILE, MANIFEST, RUN
 from .files import preparing, put_private, put_secret, refuse
 
 # Staging
@@ -296,8 +296,8 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
         host.noop(f"{repo_dir} matches the head's manifest ({mine['files']} files)")
         return
     # Name the files: compare against the head's manifest, placed here for that.
-    content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{transfer.MANIFEST}") or [])
-    check = f"{RUN}/{transfer.MANIFEST}.{host.name}"
+    content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{MANIFEST}") or [])
+    check = f"{RUN}/{MANIFEST}.{host.name}"
     yield FunctionCommand(lambda state, host: put_private(host, content, check), (), {})  # 0600 from its first byte
     yield StringCommand(
         "sh", "-c", QuoteString(

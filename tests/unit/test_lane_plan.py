@@ -212,3 +212,18 @@ def test_a_lanes_nccl_changes_are_in_every_ranks_plan_and_options():
     assert after[0].digest != before[0].digest
     retuned = tuned.model_copy(update={"nccl_env": {"NCCL_PROTO": "Simple", "NCCL_IB_MERGE_NICS": None}})
     assert serving.rank_plans(retuned, cluster)[0].digest != after[0].digest
+
+
+def test_a_full_teardown_removes_the_programs_and_the_lanes_folders_and_keeps_what_serves_again():
+    """``paths.FULL_TEARDOWN_*``, which deploys/teardown.py removes: images, weights, compile caches,
+    the pin's record and the converge lock are not under any of it; every lane's own path is (but
+    its unit, which the lanes' teardown removes)."""
+    removed = (*paths.FULL_TEARDOWN_FOLDERS, *paths.FULL_TEARDOWN_FILES)
+    assert paths.PROGRAMS in removed and paths.NCCL_ENV_FILE in removed
+
+    def under(path):
+        return any(path == r or path.startswith(r + "/") for r in removed)
+
+    kept = (paths.IMAGES_DIR, paths.COMPILE_CACHE, paths.NCCL_PIN_RECORD, paths.CONVERGE_LOCK, "/var/lib/sparkinfra/hf")
+    assert not any(under(k) for k in kept)
+    assert all(under(p) for p in paths.lane_paths("sim") if not p.startswith(paths.UNITS_DIR))
