@@ -5,7 +5,7 @@ simulated pair, measured in one run.
     python benchmarks/warm_start.py          # as root; brings a 2-node bed up (and down at the end)
 
 Serves the sim lane once, then times starts of the whole lane (the head's unit started: the container
-checks, every rank, until a completion returns tokens, ``lane_ctl.py wait-ready``): cold with
+checks, every rank, until a completion returns tokens, ``lane_ctl wait-ready``): cold with
 ``/var/cache/sparkinfra/compile/sim`` removed on both nodes first, warm right after, alternated for
 ``ROUNDS`` rounds. Prints each start, the medians and warm/cold, then what each cache kind holds on
 each node: a kind that stays empty is one this build does not fill (vLLM's CPU build with the sim
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
-from sparkinfra import serving  # noqa: E402
+from sparkinfra.node import paths  # noqa: E402
 
 INVENTORY = "inventory/sim.py"
 LANE = "sim"
@@ -54,21 +54,21 @@ def _on(node: str, command: str) -> str:
 
 def start(cold: bool) -> float:
     """Seconds from the head's unit started to a completion, the lane stopped first."""
-    unit, plan = serving.unit_name(LANE), serving.plan_path(LANE)
+    unit, plan = paths.unit_name(LANE), paths.plan_path(LANE)
     _on("spark-1", f"systemctl stop {unit}")
     if cold:
         for node in NODES:
-            _on(node, f"rm -rf {serving.COMPILE_CACHE}/{LANE}")
+            _on(node, f"rm -rf {paths.COMPILE_CACHE}/{LANE}")
     started = time.monotonic()
-    _on("spark-1", f"systemctl start {unit} && python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready {plan} 600")
+    _on("spark-1", f"systemctl start {unit} && python3 /usr/local/lib/sparkinfra/node lane_ctl wait-ready {plan} 600")
     return time.monotonic() - started
 
 
 def cache_sizes(node: str) -> dict[str, int]:
     """Bytes each compile cache kind holds on ``node`` (every image of the lane)."""
     sizes = {}
-    for kind in serving.COMPILE_CACHES:
-        out = _on(node, f"find {serving.COMPILE_CACHE}/{LANE}/*/{kind} -type f -printf '%s\\n' 2>/dev/null "
+    for kind in paths.COMPILE_CACHES:
+        out = _on(node, f"find {paths.COMPILE_CACHE}/{LANE}/*/{kind} -type f -printf '%s\\n' 2>/dev/null "
                         "| awk '{s += $1} END {print s + 0}'")
         sizes[kind] = int(out.split()[-1])
     return sizes

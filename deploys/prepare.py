@@ -10,22 +10,18 @@ every node), the GPU clock (locked when the settings say so), no stale lane cont
 from pyinfra import inventory
 
 from sparkinfra import run
+from sparkinfra.node.paths import MESH_CONFIG, MESH_CONFIG_MARKER, MESH_KEY, MESH_KNOWN_HOSTS, NCCL_ENV_FILE
 from sparkinfra.operations.fabric import fabric_address, fabric_link, fabric_persisted
 from sparkinfra.operations.files import text_block
 from sparkinfra.operations.gpu import gpu_clocks_locked
 from sparkinfra.operations.lane import stale_container_absent
 from sparkinfra.operations.mesh import (
-    MESH_CONFIG,
-    MESH_CONFIG_MARKER,
-    MESH_KEY,
-    MESH_KNOWN_HOSTS,
     known_hosts,
     mesh_config,
     ssh_key_authorized,
     ssh_key_present,
 )
 from sparkinfra.operations.nccl import (
-    NCCL_ENV_FILE,
     nccl_environment,
     nccl_fetched,
     nccl_pinned,

@@ -8,12 +8,12 @@ lane switch or a full teardown removes it.
 
     pyinfra inventory/pair.py deploys/teardown.py
 
-A full teardown also removes the rest of what sparkinfra installed: the runner; the NCCL env file;
-the GPU clock lock (the driver's clocks back); the fabric and twin addresses and their boot config
-(the port's MTU stays); the head's SSH mesh and its key on the workers. It needs the cluster's
-name, checked before any connection. Images, model snapshots (with their manifests), the compile
-caches, the pinned NCCL library and the converge lock stay: deploys/serve.py serves again moving
-neither image nor weights, and starts warm.
+A full teardown also removes the rest of what sparkinfra installed (``paths.FULL_TEARDOWN_*``): the
+node programs (the runner among them); the lanes' folders; the NCCL env file; the GPU clock lock (the driver's clocks back);
+the fabric and twin addresses and their boot config (the port's MTU stays); the head's SSH mesh and its key on
+the workers. It needs the cluster's name, checked before any connection. Images, model snapshots
+(with their manifests), the compile caches, the pinned NCCL library and the converge lock stay:
+deploys/serve.py serves again moving neither image nor weights, and starts warm.
 
     pyinfra inventory/pair.py deploys/teardown.py --data teardown=full --data teardown_confirm=pair
 """
@@ -22,7 +22,8 @@ from pyinfra import inventory
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkinfra import run, serving
+from sparkinfra import run
+from sparkinfra.node import paths
 from sparkinfra.operations.fabric import fabric_address, fabric_persisted
 from sparkinfra.operations.files import file_content, text_block
 from sparkinfra.operations.gpu import gpu_clocks_locked
@@ -32,15 +33,11 @@ from sparkinfra.operations.lane import (
     other_lanes_stopped,
 )
 from sparkinfra.operations.mesh import (
-    MESH_CONFIG,
-    MESH_CONFIG_MARKER,
-    MESH_KEY,
-    MESH_KNOWN_HOSTS,
     known_hosts,
     ssh_key_authorized,
     ssh_key_present,
 )
-from sparkinfra.operations.nccl import NCCL_ENV_FILE, node_port
+from sparkinfra.operations.nccl import node_port
 from sparkinfra.operations.stage import snapshot_served
 
 here = run.start(resolve=False)  # settings checked, SSH tuned, the converge lock held; nothing resolved
@@ -73,19 +70,11 @@ if config.teardown == "full":
     fabric = cluster.fabric
     address = f"{node.fabric_ip}/{fabric.subnet.prefixlen}"
 
-    # The lanes' shared files (each lane's own went above).
-    files.directory(
-        name=f"No lane plan or env file is left in {serving.PLANS_DIR}", path=serving.PLANS_DIR, present=False,
-    )
-    file_content(name=f"No lane runner is left at {serving.LANE_CTL}", path=serving.LANE_CTL, present=False)
-    file_content(name=f"No container check is left at {serving.CONTAINER_CHECK}", path=serving.CONTAINER_CHECK,
-                 present=False)
-    file_content(name=f"No mod runner is left at {serving.APPLY_MODS}", path=serving.APPLY_MODS, present=False)
-    files.directory(name=f"No lane mods are left in {serving.MODS_DIR}", path=serving.MODS_DIR, present=False)
-    files.directory(name=f"No lane marks are left in {serving.MARKS_DIR}", path=serving.MARKS_DIR, present=False)
-    files.directory(
-        name=f"No validation marks are left in {serving.STATE_DIR}", path=serving.STATE_DIR, present=False,
-    )
+    # What sparkinfra installed besides each lane's own files (those went above): the one list.
+    for folder in paths.FULL_TEARDOWN_FOLDERS:
+        files.directory(name=f"No {folder} is left", path=folder, present=False)
+    for path in paths.FULL_TEARDOWN_FILES:
+        file_content(name=f"No {path} is left", path=path, present=False)
 
     # The head's SSH mesh; the workers first: they find the key's line by the head's key.
     if not here.is_head:
@@ -93,24 +82,24 @@ if config.teardown == "full":
             name=f"Head's fabric key is not authorized for {node.ssh_user}",
             user=node.ssh_user,
             key_host=inventory.get_host(cluster.head.name),
-            key_path=f"{MESH_KEY}.pub",
+            key_path=f"{paths.MESH_KEY}.pub",
             from_ip=str(cluster.head.fabric_ip),
             present=False,
         )
     else:
-        ssh_key_present(name=f"No fabric SSH key is left at {MESH_KEY} on the head", path=MESH_KEY, present=False)
-        known_hosts(name=f"No {MESH_KNOWN_HOSTS} is left on the head", path=MESH_KNOWN_HOSTS, workers=[], present=False)
+        ssh_key_present(name=f"No fabric SSH key is left at {paths.MESH_KEY} on the head", path=paths.MESH_KEY, present=False)
+        known_hosts(name=f"No {paths.MESH_KNOWN_HOSTS} is left on the head", path=paths.MESH_KNOWN_HOSTS, workers=[],
+                    present=False)
         text_block(
-            name=f"Head's {MESH_CONFIG} has no fabric mesh entries",
-            path=MESH_CONFIG,
-            marker=MESH_CONFIG_MARKER,
+            name=f"Head's {paths.MESH_CONFIG} has no fabric mesh entries",
+            path=paths.MESH_CONFIG,
+            marker=paths.MESH_CONFIG_MARKER,
             present=False,
         )
 
     clocks = gpu_clocks_locked(name="GPU clock is the driver's", present=False)
 
-    # NCCL and the fabric (the pinned library and the port's MTU stay).
-    file_content(name=f"No NCCL environment is left in {NCCL_ENV_FILE}", path=NCCL_ENV_FILE, present=False)
+    # The fabric (the pinned library and the port's MTU stay).
     boot = fabric_persisted(
         name=f"Fabric addresses and MTU of {fabric.interface} and its twin are not in sparkinfra's boot config",
         links=[],

@@ -26,9 +26,9 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
 from . import scripts
+from .node.paths import CONVERGE_HOLDER, CONVERGE_LOCK
 
-LOCK = "/run/sparkinfra/converge.lock"
-HOLDER = "/run/sparkinfra/converge.holder"
+LOCK, HOLDER = CONVERGE_LOCK, CONVERGE_HOLDER
 
 
 class ConvergeLocked(PyinfraError):

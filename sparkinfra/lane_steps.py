@@ -26,8 +26,8 @@ from pyinfra.operations.util import any_changed
 from . import lanes, serving
 from .cluster_lane import ClusterLane, cluster_lane
 from .facts.reading import unproxied
+from .node.paths import PROGRAMS
 from .operations.files import file_content, render, secret_env_file
-from .operations.nccl import NCCL_IDENTITY
 from .operations.lane import (
     lane_running,
     lane_validated,
@@ -35,6 +35,7 @@ from .operations.lane import (
     other_lanes_absent,
     other_lanes_stopped,
 )
+from .operations.node import programs_present
 from .operations.units import service_enabled
 from .run import Here
 
@@ -103,27 +104,7 @@ def _no_other_lane(here: Here, lane: str) -> None:
 def _files(here: Here, on: ClusterLane, mine: serving.RankPlan) -> None:
     cluster, config, lane = on.cluster, on.cluster.config, on.lane
     name = lane.name
-    file_content(
-        name=f"Lane runner is at {serving.LANE_CTL}",
-        path=serving.LANE_CTL,
-        src=str(serving.LANE_CTL_SOURCE),
-        mode="755",
-    )
-    file_content(
-        name=f"Container check is at {serving.CONTAINER_CHECK}",
-        path=serving.CONTAINER_CHECK,
-        src=str(serving.CONTAINER_CHECK_SOURCE),
-    )
-    file_content(
-        name=f"NCCL identity reader is at {NCCL_IDENTITY}, beside the container check",
-        path=NCCL_IDENTITY,
-        src=str(serving.NCCL_IDENTITY_SOURCE),
-    )
-    file_content(
-        name=f"Mod runner is at {serving.APPLY_MODS}",
-        path=serving.APPLY_MODS,
-        src=str(serving.APPLY_MODS_SOURCE),
-    )
+    programs_present(name=f"The node programs (the lane runner, the container check, the mod runner) are at {PROGRAMS}")
     for mod in on.mods:  # each file as it is on the controller: the plan holds their digest
         for relative, path in lanes.mod_files(mod):
             file_content(

@@ -80,7 +80,7 @@ def problems(start: NcclStart, *, pin: str | None, rdma: bool, hcas: list[str], 
     return found
 
 
-# What a rank's live processes mapped (``scripts/nccl_identity.py --live``, run in its container)
+# What a rank's live processes mapped (``node/nccl_identity.py --live``, run in its container)
 # ------------------------------------------------------------------------------------------------
 
 

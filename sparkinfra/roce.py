@@ -3,7 +3,7 @@ The fabric port as RoCE sees it: its twins (a GB10's ConnectX-7 shows each QSFP 
 functions, each with its own netdev, RDMA device and GID table) and the GID row NCCL uses on each.
 
 One rule, read by prepare (``nccl_environment``), the verify suite and ``status``; the container
-check applies the same rule inside a rank's container (``scripts/container_check.py``):
+check applies the same rule inside a rank's container (``node/container_check.py``):
 
 - the HCAs are the RDMA devices of the fabric interface and of its twin, the fabric's first;
 - each HCA's row is an IPv4 RoCE v2 row of **its own** netdev: the fabric IP's on the fabric

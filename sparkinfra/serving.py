@@ -1,7 +1,7 @@
 """
 A lane on a cluster, node by node: what each rank's unit runs (its plan), its environment, its
 unit file's values, and one digest of all ranks, so a change on any node restarts the lane as a
-whole. Decided here; ``deploys/lane.py`` places it, ``scripts/lane_ctl.py`` runs it.
+whole. Decided here; ``deploys/lane.py`` places it, ``node/lane_ctl.py`` runs it.
 """
 
 from __future__ import annotations
@@ -13,47 +13,25 @@ from dataclasses import dataclass
 
 from pyinfra.api import QuoteString, StringCommand
 
-from . import lanes, project, scripts
-from .operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_IDENTITY_SCRIPT
+from . import lanes, node, project
+from .node import docker, paths, plan
+from .node.paths import (
+    CONTAINER_API_KEY,
+    CONTAINER_HF,
+    CONTAINER_MODS,
+    CONTAINER_PROGRAMS,
+    MODS_DIR,
+    NCCL_ENV_FILE,
+    env_path,
+    nccl_env_path,
+    plan_path,
+    secret_env_path,
+    unit_name,
+)
 from .settings import Cluster, Node
 
-LANE_CTL = "/usr/local/lib/sparkinfra/lane_ctl.py"
-LANE_CTL_SOURCE = scripts.path("lane_ctl.py")
-# Every rank's container is checked before vLLM starts (NCCL pin, RDMA devices, GID row): the
-# script on the node, mounted read-only into a throwaway container of the rank's own options.
-CONTAINER_CHECK = "/usr/local/lib/sparkinfra/container_check.py"
-CONTAINER_CHECK_SOURCE = scripts.path("container_check.py")
-CONTAINER_CHECK_IN = "/run/sparkinfra/container_check.py"
-NCCL_IDENTITY_SOURCE = scripts.path(NCCL_IDENTITY_SCRIPT)
-NCCL_IDENTITY_IN = "/run/sparkinfra/nccl_identity.py"
-PLANS_DIR = "/etc/sparkinfra/lanes"
-STATE_DIR = "/var/lib/sparkinfra/lanes"  # the head's validation marks and restart history (kept over reboots)
-MARKS_DIR = "/run/sparkinfra/lanes"  # lane_ctl's runtime marks (lost at reboot, as the lane is)
-# lane_ctl's marks, ``MARKS_DIR/<lane>.<name>``
-MARK_NAMES = ("started", "warm", "failures", "stop-reason", "start-reason", "nccl-copies", "trial.env", "nccl.env")
-LANE_UNITS = "sparkinfra-lane-*.service"  # every lane's unit: one lane runs at a time
 UNIT_TEMPLATE = project.TEMPLATES / "etc/systemd/system/sparkinfra-lane.service.j2"
-CONTAINER_HF = "/root/.cache/huggingface/hub"  # where a lane's container finds the HF cache
-# The compile caches outlive each container, one folder per lane and image ID on each node
-# (``COMPILE_CACHE/<lane>/<image>/<kind>``, mounted by lane_ctl at each kind's default path in the
-# container): every start after the first skips what it compiled (seed 004: 15-18 minutes cold),
-# and a new image starts clean (lane_ctl removes the folders of the lane's other images).
-COMPILE_CACHE = "/var/cache/sparkinfra/compile"
-COMPILE_CACHES = {
-    "vllm": "/root/.cache/vllm",  # torch.compile artifacts, model-class inspections
-    "inductor": "/tmp/torchinductor_root",  # torch inductor's (TORCHINDUCTOR_CACHE_DIR's default)
-    "triton": "/root/.triton",  # Triton's kernels
-    "flashinfer": "/root/.cache/flashinfer",  # FlashInfer's JIT
-    "nv": "/root/.nv",  # CUDA's ComputeCache (PTX compiled for the GPU)
-}
-# A lane's mods on each node (MODS_DIR/<lane>/<mod>/), mounted read-only into every rank's container,
-# where apply_mods.sh runs each mod's run.sh in order before the lane's command.
-MODS_DIR = "/var/lib/sparkinfra/mods"
-CONTAINER_MODS = "/run/sparkinfra/mods"
-APPLY_MODS = "/usr/local/lib/sparkinfra/apply_mods.sh"
-APPLY_MODS_SOURCE = scripts.path("apply_mods.sh")
-CONTAINER_APPLY_MODS = "/run/sparkinfra/apply_mods.sh"
-CONTAINER_API_KEY = "/run/sparkinfra/api.env"  # the head's secret env file, mounted read-only
+CONTAINER_APPLY_MODS = f"{CONTAINER_PROGRAMS}/apply_mods.sh"  # in the node programs, mounted in the container
 # Exports VLLM_API_KEY from the mounted file, literally (shell builtins, no quoting rules), then runs
 # the lane's command: the key is in the engine's environment, not in the container's configuration
 # (``docker inspect``, which anyone with the docker socket can read). No key, no start.
@@ -65,104 +43,24 @@ WITH_API_KEY = (
 )
 
 
-def compile_cache_mounts(lane: str, image: str) -> list[str]:
-    """The ``-v`` options of ``lane``'s compile caches for the short image ID ``image`` (lane_ctl adds
-    them on the node, where the image ID is known)."""
-    return [x for kind, path in COMPILE_CACHES.items() for x in ("-v", f"{COMPILE_CACHE}/{lane}/{image}/{kind}:{path}")]
-
-
-def unit_name(lane: str) -> str:
-    return f"sparkinfra-lane-{lane}.service"
-
-
-def plan_path(lane: str) -> str:
-    return f"{PLANS_DIR}/{lane}.json"
-
-
-def env_path(lane: str) -> str:
-    return f"{PLANS_DIR}/{lane}.env"
-
-
-def nccl_env_path(lane: str) -> str:
-    """
-    The NCCL env file of a lane that changes the node's (its ``nccl_env``): the node's
-    ``NCCL_ENV_FILE`` with the lane's variables set and removed, written by lane_ctl (root-only)
-    right before each ``docker run`` of the rank, and passed instead of the node's file
-    (docker's ``--env-file`` cannot unset a variable). Lost at reboot, written again at the start.
-    """
-    return f"{MARKS_DIR}/{lane}.nccl.env"
-
-
-# Where a lane leaves a file or folder besides the shared runner: ``folder/<prefix><lane><suffix>``.
-# The one list ``lane_paths`` and ``lane_of_path`` read (a longer suffix before one it ends with).
-LANE_PLACES = (
-    ("/etc/systemd/system", "sparkinfra-lane-", ".service"),  # its unit
-    (PLANS_DIR, "", ".json"), (PLANS_DIR, "", ".env"), (PLANS_DIR, "", ".secret.env"),  # plan, env files
-    (STATE_DIR, "", ".validated"), (STATE_DIR, "", ".check.json"), (STATE_DIR, "", ".history"),  # the head's
-    (MODS_DIR, "", ""),  # its mods
-    *((MARKS_DIR, "", f".{name}") for name in MARK_NAMES),  # lane_ctl's runtime marks
-)
-
-
-def lane_paths(lane: str) -> list[str]:
-    """Every file and folder a lane leaves on a node besides the shared runner: its unit, plan, env
-    files, the head's validation marks and restart history, its mods, its runtime marks (what goes
-    when it is not the cluster's lane any more)."""
-    return [f"{folder}/{prefix}{lane}{suffix}" for folder, prefix, suffix in LANE_PLACES]
-
-
-def lane_of_path(path: str) -> str | None:
-    """The lane a path of ``lane_paths`` belongs to (None: not a lane's)."""
-    folder, _, name = path.rstrip("/").rpartition("/")
-    places = sorted((p for p in LANE_PLACES if p[0] == folder), key=lambda p: -len(p[2]))
-    for _, prefix, suffix in places:
-        if name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix):
-            return name[len(prefix):len(name) - len(suffix)]
-    return None
-
-
-def failures_path(lane: str) -> str:
-    """lane_ctl's count of the lane's failures in a row, which its next start backs off by."""
-    return f"{MARKS_DIR}/{lane}.failures"
-
-
-def history_path(lane: str) -> str:
-    """
-    The head's restart history of the lane: one JSON line per start, ready and stop, each with its
-    reason (``lane_ctl.py history``); root-only, the last 200 events, kept over reboots (a boot
-    is one of the reasons it tells).
-    """
-    return f"{STATE_DIR}/{lane}.history"
-
-
 def runner(lane: str, verb: str, *args: str) -> StringCommand:
     """
-    The command that runs ``lane_ctl.py VERB PLAN ARGS…`` for ``lane`` on a node (the unit's
-    lines are the same, rendered from ``unit_values``).
+    The command that runs ``lane_ctl VERB PLAN ARGS…`` for ``lane`` on a node (the unit's lines are
+    the same, rendered from ``unit_values``).
 
     .. code:: python
 
         runner("sim", "wait-ready", "300")
-        # -> python3 /usr/local/lib/sparkinfra/lane_ctl.py wait-ready /etc/sparkinfra/lanes/sim.json 300
+        # -> python3 /usr/local/lib/sparkinfra/node lane_ctl wait-ready /etc/sparkinfra/lanes/sim.json 300
     """
-    return StringCommand("python3", LANE_CTL, verb, QuoteString(plan_path(lane)), *(QuoteString(a) for a in args))
-
-
-def validated_path(lane: str) -> str:
-    """The head's mark that vLLM in the lane's image accepted this lane's arguments."""
-    return f"{STATE_DIR}/{lane}.validated"
-
-
-def secret_env_path(lane: str) -> str:
-    """The head's root-only env file holding ``VLLM_API_KEY`` (when the settings name a key)."""
-    return f"{PLANS_DIR}/{lane}.secret.env"
+    return StringCommand(*paths.program("lane_ctl", verb), QuoteString(plan_path(lane)), *(QuoteString(a) for a in args))
 
 
 @dataclass(frozen=True)
 class RankPlan:
     """
     What one node runs for a lane: every value its unit (``unit_values``) and its runner
-    (``runner_plan``, read by ``scripts/lane_ctl.py``) use, decided here and nowhere else.
+    (``runner_plan``, read by ``node/lane_ctl.py``) use, decided here and nowhere else.
     """
 
     node: Node
@@ -204,51 +102,50 @@ class RankPlan:
     def is_head(self) -> bool:
         return self.rank == 0
 
-    def runner_plan(self) -> dict:
-        """The JSON plan ``lane_ctl.py`` runs (``/etc/sparkinfra/lanes/<lane>.json``)."""
-        plan = {
-            "lane": self.lane,
-            "unit": unit_name(self.lane),
-            "lane_units": LANE_UNITS,
-            "env_file": env_path(self.lane),
-            "marks_dir": MARKS_DIR,
-            "history": history_path(self.lane) if self.is_head else "",
-            "rank": self.rank,
-            "container": self.container,
-            "image": self.image,
-            "docker_options": list(self.docker_options),
-            "command": list(self.command),
-            "api_port": self.api_port,
-            "served_model_name": self.served_model_name,
-            "api_key_file": self.api_key_file,
-            "workers": [{"ip": ip, "rank": rank} for ip, rank in self.workers],
-            "warmup": list(self.warmup),
-            "watch_interval": self.watch_interval,
-            "stop_seconds": self.stop_seconds,
-            "watch_grace": self.watch_grace,
-            "liveness_interval": self.liveness_interval,
-            "liveness_timeout": self.liveness_timeout,
-            "unreachable_grace": self.unreachable_grace,
-            "head_lost_timeout": self.head_lost_timeout,
-            "start_timeout": self.start_timeout,
-            "rendezvous": {"host": self.head_ip, "port": self.rendezvous_port} if self.rendezvous_port else None,
-            "container_check": {"script": CONTAINER_CHECK, "mount": CONTAINER_CHECK_IN, "args": list(self.check_args),
-                                # beside the check in the container: it compares NCCL builds by identity
-                                "identity": {"script": NCCL_IDENTITY, "mount": NCCL_IDENTITY_IN}},
-            "nccl_pin": self.nccl_pin,
-            "nccl_wheel": self.nccl_wheel,
-            "nccl_env": {"node": NCCL_ENV_FILE, "file": nccl_env_path(self.lane), "changes": dict(self.nccl_changes)}
+    def runner_plan(self) -> plan.RunnerPlan:
+        """The plan ``lane_ctl`` runs (``/etc/sparkinfra/lanes/<lane>.json``)."""
+        return plan.RunnerPlan(
+            lane=self.lane,
+            unit=unit_name(self.lane),
+            lane_units=paths.LANE_UNITS,
+            env_file=env_path(self.lane),
+            marks_dir=paths.MARKS_DIR,
+            history=paths.history_path(self.lane) if self.is_head else "",
+            rank=self.rank,
+            container=self.container,
+            image=self.image,
+            docker_options=list(self.docker_options),
+            command=list(self.command),
+            api_port=self.api_port,
+            served_model_name=self.served_model_name,
+            api_key_file=self.api_key_file,
+            workers=[plan.Worker(ip=ip, rank=rank) for ip, rank in self.workers],
+            warmup=list(self.warmup),
+            watch_interval=self.watch_interval,
+            stop_seconds=self.stop_seconds,
+            watch_grace=self.watch_grace,
+            liveness_interval=self.liveness_interval,
+            liveness_timeout=self.liveness_timeout,
+            unreachable_grace=self.unreachable_grace,
+            head_lost_timeout=self.head_lost_timeout,
+            start_timeout=self.start_timeout,
+            rendezvous=plan.Rendezvous(host=self.head_ip, port=self.rendezvous_port) if self.rendezvous_port else None,
+            container_check=plan.ContainerCheck(programs=paths.PROGRAMS, mount=CONTAINER_PROGRAMS,
+                                                args=list(self.check_args)),
+            nccl_pin=self.nccl_pin,
+            nccl_wheel=self.nccl_wheel,
+            nccl_env=plan.NcclEnv(node=NCCL_ENV_FILE, file=nccl_env_path(self.lane), changes=dict(self.nccl_changes))
             if self.nccl_changes else None,
-            "drop_caches": self.drop_caches,
-            "mods": [{"name": name, "sha256": digest} for name, digest in self.mods],
-            "compile_cache": {"root": f"{COMPILE_CACHE}/{self.lane}", "mounts": COMPILE_CACHES},
-        }
-        return {**plan, "digest": self.digest} if self.digest else plan
+            drop_caches=plan.DropCaches(**self.drop_caches) if self.drop_caches else None,
+            mods=[plan.Mod(name=name, sha256=digest) for name, digest in self.mods],
+            compile_cache=plan.CompileCache(root=paths.compile_cache_root(self.lane), mounts=dict(paths.COMPILE_CACHES)),
+            digest=self.digest,
+        )
 
-    def docker_run(self) -> list[str]:
-        """The rank's ``docker run`` argv, as ``lane_ctl.py run`` builds it from ``runner_plan`` (which
-        also mounts ``nccl_pin`` over each other ``libnccl.so*`` it finds in the container)."""
-        return ["docker", "run", "--rm", "--name", self.container, *self.docker_options, self.image, *self.command]
+    def docker_run(self, copies: list[str] = (), image: str = "") -> list[str]:
+        """The rank's ``docker run`` argv, as ``lane_ctl run`` builds it (``docker.rank_run``) with the
+        libnccl ``copies`` the pin goes over and the short image ID ``image`` of the compile caches."""
+        return docker.rank_run(self.runner_plan(), list(copies), image)
 
     def unit_values(self) -> dict:
         """The values of ``templates/etc/systemd/system/sparkinfra-lane.service.j2``."""
@@ -263,7 +160,7 @@ class RankPlan:
                 if self.is_head else "Started and stopped by rank 0's unit; restarts only with the whole lane."
             ),
             "container": self.container,
-            "ctl": f"/usr/bin/python3 {LANE_CTL}",
+            "ctl": "/usr/bin/" + " ".join(paths.program("lane_ctl")),
             "plan": plan_path(self.lane),
             "restart": "always" if self.is_head else "no",
             "start_timeout": self.start_timeout,
@@ -306,7 +203,7 @@ def _docker_options(lane: lanes.Lane, cluster: Cluster, with_key: bool) -> list[
         *secret,
         "-v", f"{config.nccl_library}:{config.nccl_library}:ro",
         "-v", f"{config.model_dir}:{CONTAINER_HF}:ro",
-        *(["-v", f"{MODS_DIR}/{lane.name}:{CONTAINER_MODS}:ro", "-v", f"{APPLY_MODS}:{CONTAINER_APPLY_MODS}:ro"]
+        *(["-v", f"{MODS_DIR}/{lane.name}:{CONTAINER_MODS}:ro", "-v", f"{paths.PROGRAMS}:{CONTAINER_PROGRAMS}:ro"]
           if lane.mods else []),
         *lanes.container_options(lane),
     ]
@@ -326,14 +223,14 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
     config = cluster.config
     mods = lanes.lane_mods(lane, dict(cluster.pins))  # groups expanded, in order
     draft = []
-    for node in cluster.nodes:
-        launch = lanes.launch(lane, cluster, node.rank)
-        is_head = node.rank == 0
+    for member in cluster.nodes:
+        launch = lanes.launch(lane, cluster, member.rank)
+        is_head = member.rank == 0
         with_key = is_head and bool(config.api_key_env)  # the key's mount, the command's wrapper, lane_ctl's file
         draft.append(RankPlan(
-            node=node,
+            node=member,
             lane=lane.name,
-            rank=node.rank,
+            rank=member.rank,
             nodes=len(cluster.nodes),
             head_ip=str(cluster.head.fabric_ip),
             container=config.container_name,
@@ -341,7 +238,7 @@ def rank_plans(lane: lanes.Lane, cluster: Cluster) -> list[RankPlan]:
             docker_options=tuple(_docker_options(lane, cluster, with_key)),
             command=tuple(container_command(launch.command, api_key=with_key, mods=[m.name for m in mods])),
             mods=mod_digests(mods),
-            env=_env(lane, cluster, node, launch),
+            env=_env(lane, cluster, member, launch),
             api_port=lane.api_port or config.api_port,
             served_model_name=lane.served_name,
             api_key_file=secret_env_path(lane.name) if with_key else "",
@@ -376,15 +273,16 @@ def rendezvous_port(lane: lanes.Lane, cluster: Cluster) -> int:
 
 
 def lane_digest(plans: list[RankPlan]) -> str:
-    """One hash of every rank's plan, env, unit values, unit template and lane_ctl: any change restarts."""
+    """One hash of every rank's plan, env, unit values, unit template and the node programs: any change
+    restarts."""
     digest = hashlib.sha256()
-    for part in (UNIT_TEMPLATE.read_bytes(), LANE_CTL_SOURCE.read_bytes(), CONTAINER_CHECK_SOURCE.read_bytes(),
-                 NCCL_IDENTITY_SOURCE.read_bytes()):
-        digest.update(hashlib.sha256(part).digest())
+    for part in (UNIT_TEMPLATE, *node.files()):
+        digest.update(hashlib.sha256(part.read_bytes()).digest())
     for p in plans:
-        digest.update(json.dumps([p.runner_plan(), p.env, p.unit_values()], sort_keys=True).encode())
+        digest.update(json.dumps([p.runner_plan().to_dict(), p.env, p.unit_values()], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
-def plan_json(plan: RankPlan) -> str:
-    return json.dumps(plan.runner_plan(), indent=2, sort_keys=True) + "\n"
+def plan_json(rank: RankPlan) -> str:
+    return rank.runner_plan().to_json()
+

@@ -18,12 +18,10 @@ import shlex
 from pyinfra.api import QuoteString, StringCommand
 
 from . import scripts
+from .node.paths import STAGE_CONF, STAGE_UNIT
 from .settings import Cluster
 
-MANIFEST = ".sparkinfra-manifest.json"
 # The head's rsync daemon while workers pull (scripts/stage_serve.sh starts it, the deploy stops it).
-STAGE_UNIT = "sparkinfra-stage.service"
-STAGE_CONF = "/run/sparkinfra/stage-rsyncd.conf"
 
 
 def repo_dir(model_dir: str, repo: str) -> str:

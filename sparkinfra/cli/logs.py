@@ -24,7 +24,8 @@ from datetime import datetime
 
 from pyinfra.api import QuoteString, StringCommand
 
-from .. import remote, scripts, serving
+from .. import remote, scripts
+from ..node import paths
 from ..run import InventorySettingsError
 from ..settings import lane_problem
 
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
     nodes = [n for n in nodes if n.name in reached.hosts]
     width = max((len(n.name) for n in nodes), default=0)
-    query = {"unit": serving.unit_name(lane), "grep": args.grep or "", "since": args.since or "",
+    query = {"unit": paths.unit_name(lane), "grep": args.grep or "", "since": args.since or "",
              "lines": args.lines if args.lines is not None else (None if args.since else 100)}
     cursors = {n.name: "" for n in nodes}
     began, first = int(time.time()), True

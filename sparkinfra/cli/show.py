@@ -14,7 +14,9 @@ import shlex
 
 from .. import serving
 from ..cluster_lane import cluster_lane
-from ..operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_env, nccl_variables, upload_identity
+from ..node import paths
+from ..node.paths import NCCL_ENV_FILE, NCCL_PIN_RECORD
+from ..operations.nccl import nccl_env, nccl_variables, upload_identity
 from ..settings import Cluster
 from ..lanes.checks import check_lane
 from ..lanes.images import lane_image, load_recipe, network_refs
@@ -114,16 +116,16 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
     for plan in plans:
         node = plan.node
         role = f"serves the API on :{plan.api_port}" if plan.is_head else f"headless, joins {plan.head_ip}"
-        out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {serving.unit_name(lane.name)}"]
+        out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {paths.unit_name(lane.name)}"]
         out += ["  " + line for line in twin_lines(cluster, node.fabric_ip)]
         out += ["  " + line for line in docker_lines(plan)]
         if plan.nccl_pin:
-            out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=serving.plan_path(lane.name))]
+            out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=paths.plan_path(lane.name))]
         out += ["  " + CACHE_NOTE.format(image=CACHE_IMAGE)]
         out += nccl_lines(plan, nccl)
-        out += _env_file(serving.env_path(lane.name), plan.env)
+        out += _env_file(paths.env_path(lane.name), plan.env)
         if plan.api_key_file:
-            out += [f"  {plan.api_key_file} (root only, mounted at {serving.CONTAINER_API_KEY}):",
+            out += [f"  {plan.api_key_file} (root only, mounted at {paths.CONTAINER_API_KEY}):",
                     f"      VLLM_API_KEY=<${config.api_key_env} of the controller: not shown>"]
     return "\n".join(out) + "\n"
 
@@ -140,7 +142,7 @@ def nccl_lines(plan: serving.RankPlan, nccl: dict[str, str]) -> list[str]:
     mine = {k: v for k, v in nccl.items() if k not in changes}
     mine.update({k: v for k, v in changes.items() if v is not None})
     return [f"  the lane's NCCL changes (nccl_env): {'; '.join(said)}",
-            *_env_file(f"{serving.nccl_env_path(plan.lane)} (root only; the runner writes it before each start: "
+            *_env_file(f"{paths.nccl_env_path(plan.lane)} (root only; the runner writes it before each start: "
                        f"{NCCL_ENV_FILE} with those changes)", mine)]
 
 
@@ -176,16 +178,16 @@ def pin_lines(cluster: Cluster) -> list[str]:
 
 
 def docker_lines(plan: serving.RankPlan) -> list[str]:
-    """The rank's ``docker run`` (``RankPlan.docker_run``) as shell lines: each option with its value
-    on a line of its own, the image, the command's words up to its first flag, then each flag."""
-    argv = [shlex.quote(a) for a in plan.docker_run()]
+    """The rank's ``docker run`` as its runner builds it (``node.docker.rank_run``; what only the node
+    knows, the libnccl copies the pin goes over and the image ID, as placeholders) as shell lines:
+    each option with its value on a line of its own, the image, the command's words up to its first
+    flag, then each flag."""
+    argv = [shlex.quote(a) for a in plan.docker_run([PIN_OVER] if plan.nccl_pin else [], CACHE_IMAGE)]
     start = argv.index("--name") + 2
-    image_at = start + len(plan.docker_options)
+    image_at = len(argv) - len(plan.command) - 1
     command = argv[image_at + 1:]
     words = next((i for i, a in enumerate(command) if a.startswith("-")), len(command))
-    pinned = [f"-v {shlex.quote(f'{plan.nccl_pin}:{PIN_OVER}:ro')}"] if plan.nccl_pin else []
-    caches = _paired([shlex.quote(a) for a in serving.compile_cache_mounts(plan.lane, CACHE_IMAGE)])
-    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), *pinned, *caches, argv[image_at]]
+    lines = [" ".join(argv[:start]), *_paired(argv[start:image_at]), argv[image_at]]
     lines += [" ".join(command[:words]), *_paired(command[words:])] if command else []
     return [lines[0] + " \\", *(f"    {line} \\" for line in lines[1:-1]), f"    {lines[-1]}"]
 

@@ -28,9 +28,10 @@ from pyinfra.api import QuoteString, StringCommand
 
 from ipaddress import IPv4Interface
 
-from .. import lanes, nccl_log, remote, roce, scripts, serving, transfer
+from .. import lanes, nccl_log, remote, roce, scripts, transfer
 from ..cluster_lane import cluster_lane
-from ..operations.nccl import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
+from ..node import paths
+from ..node.paths import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
 from ..run import InventorySettingsError
 from ..settings import Cluster, Fabric
 from . import chat
@@ -61,13 +62,13 @@ def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
     """The argument of ``scripts/node_report.py`` for a node of ``cluster``."""
     config = cluster.config
     repos = [transfer.repo_dir(config.model_dir, repo) for repo, _ in transfer.models(cluster)]
-    paths = {"unit": "", "plan": "", "started": "", "history": ""}
+    files = {"unit": "", "plan": "", "started": "", "history": ""}
     if lane_name:
-        paths = {"unit": serving.unit_name(lane_name), "plan": serving.plan_path(lane_name),
-                 "started": f"{serving.MARKS_DIR}/{lane_name}.started",
-                 "history": serving.history_path(lane_name)}
+        files = {"unit": paths.unit_name(lane_name), "plan": paths.plan_path(lane_name),
+                 "started": f"{paths.MARKS_DIR}/{lane_name}.started",
+                 "history": paths.history_path(lane_name)}
     return json.dumps({
-        "lane": paths, "container": config.container_name, "image": image,
+        "lane": files, "container": config.container_name, "image": image,
         "interface": cluster.fabric.interface, "nccl_env": NCCL_ENV_FILE, "repos": repos,
         "pin": config.nccl_library, "pin_record": NCCL_PIN_RECORD, "identity_script": NCCL_IDENTITY,
         "snapshot_tool": base64.b64encode(transfer.tool_source().encode()).decode() if repos else "",
@@ -186,7 +187,7 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
             found.append(f"{where}: another lane's unit runs ({other})")
         if want.lane is None:
             continue
-        unit = serving.unit_name(want.lane.name)
+        unit = paths.unit_name(want.lane.name)
         if node["unit"] == "absent":
             found.append(f"{where}: {unit} is not installed (a converge places it)")
             continue

@@ -9,8 +9,7 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from .. import serving
-from ..serving import LANE_CTL, runner
+from ..node import paths
 from .stage import docker_answer
 
 
@@ -53,7 +52,7 @@ class LaneUnits(FactBase):
     @override
     def command(self) -> str:
         return (
-            "for f in /etc/systemd/system/sparkinfra-lane-*.service; do [ -e \"$f\" ] || continue; "
+            f"for f in {paths.unit_path(paths.LANE_UNITS)}; do [ -e \"$f\" ] || continue; "
             "u=$(basename \"$f\"); echo \"$u $(systemctl is-active \"$u\") $(systemctl is-enabled \"$u\" 2>/dev/null)\"; "
             "done"
         )
@@ -63,15 +62,15 @@ class LaneUnits(FactBase):
         units = {}
         for line in output:
             words = line.split()
-            if len(words) >= 2 and words[0].startswith("sparkinfra-lane-"):
-                lane = words[0][len("sparkinfra-lane-"):-len(".service")]
+            if len(words) >= 2 and words[0].startswith(paths.LANE_UNIT_PREFIX):
+                lane = words[0][len(paths.LANE_UNIT_PREFIX):-len(".service")]
                 units[lane] = {"active": words[1], "enabled": words[2] if len(words) > 2 else "unknown"}
         return units
 
 
 class LaneFiles(FactBase):
     """
-    Returns the lanes that left files on this node (``serving.lane_paths``), each with its paths:
+    Returns the lanes that left files on this node (``paths.lane_paths``), each with its paths:
     ``{"sim-b": ["/etc/sparkinfra/lanes/sim-b.json", ...]}``.
     """
 
@@ -81,16 +80,16 @@ class LaneFiles(FactBase):
 
     @override
     def command(self) -> str:
-        patterns = ["/etc/systemd/system/sparkinfra-lane-*.service",
-                    *(f"{folder}/*" for folder in (serving.PLANS_DIR, serving.STATE_DIR, serving.MODS_DIR,
-                                                   serving.MARKS_DIR))]
+        patterns = [paths.unit_path(paths.LANE_UNITS),
+                    *(f"{folder}/*" for folder in (paths.PLANS_DIR, paths.STATE_DIR, paths.MODS_DIR,
+                                                   paths.MARKS_DIR))]
         return "for f in " + " ".join(patterns) + '; do [ -e "$f" ] && echo "$f"; done; true'
 
     @override
     def process(self, output):
         found: dict[str, list[str]] = {}
         for path in output:
-            lane = serving.lane_of_path(path.strip())
+            lane = paths.lane_of_path(path.strip())
             if lane:
                 found.setdefault(lane, []).append(path.strip())
         return {lane: sorted(paths) for lane, paths in sorted(found.items())}
@@ -98,7 +97,7 @@ class LaneFiles(FactBase):
 
 class LaneStatus(FactBase):
     """
-    Returns a lane's state on this node, as ``lane_ctl.py status`` reports it, or ``{}`` before the
+    Returns a lane's state on this node, as ``lane_ctl status`` reports it, or ``{}`` before the
     lane is placed. On the head: the workers' units and whether the API completes a request.
 
     .. code:: python
@@ -126,10 +125,9 @@ class LaneStatus(FactBase):
 
     @override
     def command(self, lane: str, probe: bool = True) -> StringCommand:
-
-        local = [] if probe else ["--local"]
+        status = paths.program("lane_ctl", "status", paths.plan_path(lane), *([] if probe else ["--local"]))
         return StringCommand(
-            "test", "-f", LANE_CTL, "&&", runner(lane, "status", *local), "||", "echo", "'{}'"
+            "test", "-f", f"{paths.PROGRAMS}/lane_ctl.py", "&&", *map(QuoteString, status), "||", "echo", "'{}'"
         )
 
     @override

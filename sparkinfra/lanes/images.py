@@ -29,12 +29,13 @@ from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..node.paths import IMAGES_DIR
 from .schema import Lane, LaneError, _rule, beside_lanes, display, key_text, line_of, locate, read_yaml, validation_error
 
 RECIPE_FILE = "recipe.yaml"
 # Each recipe's folder on the head: its files (the build context), and for a repository its checkout
 # (``src``, kept with docker's build cache: the next build of a changed recipe reuses both).
-NODE_DIR = "/var/lib/sparkinfra/images"
+NODE_DIR = IMAGES_DIR
 TAG_PREFIX = "sparkinfra/"
 FILE = r"^\w[\w./+-]*$"  # a file in the recipe's folder (no "..": never outside it)
 ARG = r"^[A-Za-z_][A-Za-z0-9_]*$"

@@ -29,11 +29,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pyinfra.api.exceptions import PyinfraError
 
-from .. import project, scripts
+from .. import node, project
 from ..settings import SERVE_KEYS
 
 LANES_DIR = project.LANES
-CHECK_SCRIPT = scripts.path("vllm_check.py")
+CHECK_SCRIPT = node.DIR / "vllm_check.py"
 CHECK_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkinfra" / "vllm-check"
 
 # The start of the note ``validate_with_vllm`` returns when the given python has no vLLM.

@@ -35,7 +35,7 @@ else:
 
 def vllm_request(lane: Lane, cluster: Cluster, engine: bool = False, in_image: bool = False) -> dict:
     """
-    The request of ``sparkinfra/scripts/vllm_check.py`` (``CHECK_SCRIPT``) for every rank of ``lane``
+    The request of ``sparkinfra/node/vllm_check.py`` (``CHECK_SCRIPT``) for every rank of ``lane``
     on ``cluster``: ``image_flags`` are stripped, unless the check runs in the lane's image.
     """
     launches = [launch(lane, cluster, node.rank) for node in cluster.nodes]

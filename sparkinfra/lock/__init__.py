@@ -44,7 +44,7 @@ import yaml
 from pyinfra import logger
 from pyinfra.api import QuoteString, StringCommand
 
-from .. import scripts
+from .. import node
 from ..lanes.images import Recipe, images_dir, load_recipe, network_refs, tagged
 from ..lanes.mods import mods_folder
 from ..lanes.schema import Lane, LaneError, display, find_lane, read_yaml
@@ -76,7 +76,7 @@ class Reference:
     """One reference the network decides: what the lock's entry ``name`` pins."""
 
     name: str
-    kind: str  # hub, git, image, wheel (``scripts/pin_resolve.py``)
+    kind: str  # hub, git, image, wheel (``node/pin_resolve.py``)
     source: str  # the repository id, git URL, image name, or package index
     ref: str  # the branch, tag, ref or version
     extra: tuple[tuple[str, str], ...] = ()  # what the resolver needs besides (endpoint, project)
@@ -288,11 +288,11 @@ def request_json(refs: list[Reference]) -> str:
 
 
 def resolve_here(refs: list[Reference], token: str = "") -> tuple[dict[str, Entry], list[str]]:
-    """Resolve ``refs`` on this machine (``scripts/pin_resolve.py``, run by this Python)."""
+    """Resolve ``refs`` on this machine (``node/pin_resolve.py``, run by this Python)."""
     with tempfile.TemporaryDirectory(prefix="sparkinfra-pins-") as folder:
         request = Path(folder) / "request.json"
         request.write_text(request_json(refs))
-        argv = [sys.executable, str(scripts.path("pin_resolve.py")), str(request)]
+        argv = [sys.executable, str(node.DIR / "pin_resolve.py"), str(request)]
         if token:
             token_file = Path(folder) / "token"
             token_file.touch(mode=0o600)
@@ -309,7 +309,7 @@ def resolve_on(host, refs: list[Reference], token: str = "") -> tuple[dict[str, 
         if not folder:
             return {}, [f"{r.name} ({r}): cannot make a private folder on {host.name}" for r in refs]
         for name in ("pin_resolve.py", "nccl_fetch.py"):
-            host.put_file(str(scripts.path(name)), f"{folder}/{name}", _sudo=False)
+            host.put_file(str(node.DIR / name), f"{folder}/{name}", _sudo=False)  # at a run's start: nothing placed yet
         host.put_file(io.StringIO(request_json(refs)), f"{folder}/request.json", _sudo=False)
         argv = ["python3", f"{folder}/pin_resolve.py", f"{folder}/request.json"]
         if token:

@@ -17,11 +17,10 @@ from pyinfra.api import (
 
 from ..facts.fabric import FabricLink, NetworkConfigBackend
 from ..facts.reading import gathered
+from ..node.paths import FABRIC_NETPLAN, FABRIC_UNIT, unit_path
 from .files import file_content, render
 from .units import service_enabled
 
-FABRIC_NETPLAN = "/etc/netplan/60-sparkinfra-fabric.yaml"  # where netplan is installed (DGX OS)
-FABRIC_UNIT = "sparkinfra-fabric.service"  # elsewhere
 
 
 def _link(interface: str) -> dict:
@@ -108,7 +107,7 @@ def fabric_persisted(links: list[tuple[str, str]], mtu: int, present: bool = Tru
         )
         return
     unit = FABRIC_UNIT
-    dest = f"/etc/systemd/system/{unit}"
+    dest = unit_path(unit)
     if not present:
         yield from service_enabled._inner(service=unit, enabled=False)
         yield from file_content._inner(path=dest, present=False)

@@ -10,10 +10,10 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from ..facts.files import FileState
 from ..facts.reading import gathered
+from ..node.paths import GPU_CLOCKS_UNIT, unit_path
 from .files import file_content, render
 from .units import service_enabled
 
-GPU_CLOCKS_UNIT = "sparkinfra-gpu-clocks.service"
 
 
 @operation()
@@ -26,7 +26,7 @@ def gpu_clocks_locked(clocks: str = "", present: bool = True):
     + clocks: ``"200,2150"``
     + present: whether the clock is locked
     """
-    unit, path = GPU_CLOCKS_UNIT, f"/etc/systemd/system/{GPU_CLOCKS_UNIT}"
+    unit, path = GPU_CLOCKS_UNIT, unit_path(GPU_CLOCKS_UNIT)
     if not present and gathered(host, FileState, path=path)["kind"] == "absent":
         host.noop("the GPU clock is the driver's")  # nothing of ours to stop or remove: no more reads
         return

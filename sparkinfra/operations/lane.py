@@ -6,7 +6,6 @@ every rank, warm; and the lane's teardown.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shlex
 
@@ -17,13 +16,14 @@ from pyinfra.api import (
     StringCommand,
     operation,
 )
-from pyinfra.operations import files
 
-from .. import scripts, serving
+from .. import node, serving
 from ..facts.files import FileDigest
 from ..facts.lane import DockerContainer, LaneFiles, LaneStatus, LaneUnits
 from ..facts.reading import gathered
 from ..facts.stage import DockerImageId
+from ..node import docker, paths
+from ..node.paths import CHECK_CONTAINER
 from ..progress import shown
 from .files import put_private
 
@@ -92,19 +92,19 @@ def other_lanes_stopped(lane: str):
     running = [o for o in others if units[o]["active"] in ACTIVE_STATES]
     if running:
         why = QuoteString(f"lane {lane} is placed here" if lane else "a teardown stops it")
-        notes = [x for o in running for x in ("&&", "printf", "%s", why, ">", f"{serving.MARKS_DIR}/{o}.stop-reason")]
-        yield StringCommand("mkdir", "-p", serving.MARKS_DIR, *notes)
+        notes = [x for o in running for x in ("&&", "printf", "%s", why, ">", f"{paths.MARKS_DIR}/{o}.stop-reason")]
+        yield StringCommand("mkdir", "-p", paths.MARKS_DIR, *notes)
     if others:
-        yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(o) for o in others])
+        yield StringCommand("systemctl", "disable", "--now", *[paths.unit_name(o) for o in others])
     # A rank stopped mid-start may end "failed": stopped on purpose, it is just inactive.
     stale = sorted(set(others) | set(failed))
-    yield StringCommand("systemctl", "reset-failed", *[serving.unit_name(o) for o in stale], "2>/dev/null", "||", "true")
+    yield StringCommand("systemctl", "reset-failed", *[paths.unit_name(o) for o in stale], "2>/dev/null", "||", "true")
 
 
 @operation()
 def other_lanes_absent(lane: str, keep_history: bool = False):
     """
-    Ensure no other lane left files on this node (``serving.lane_paths``: its unit, plan, env files,
+    Ensure no other lane left files on this node (``paths.lane_paths``: its unit, plan, env files,
     the head's API-key file, validation marks and restart history, its mods, its runtime marks); a
     unit still running or enabled is stopped and disabled first. Reload systemd after it (``_if=``
     its ``did_change``).
@@ -114,10 +114,10 @@ def other_lanes_absent(lane: str, keep_history: bool = False):
       lane last stopped; a full teardown removes the folder)
     """
     others = {
-        name: [p for p in paths if not (keep_history and p == serving.history_path(name))]
-        for name, paths in gathered(host, LaneFiles).items() if name != lane
+        name: [p for p in found if not (keep_history and p == paths.history_path(name))]
+        for name, found in gathered(host, LaneFiles).items() if name != lane
     }
-    others = {name: paths for name, paths in others.items() if paths}
+    others = {name: found for name, found in others.items() if found}
     if not others:
         host.noop("no other lane's files are here")
         return
@@ -127,11 +127,10 @@ def other_lanes_absent(lane: str, keep_history: bool = False):
         if name in others and (state["active"] in ACTIVE_STATES or state["enabled"] == "enabled")
     )
     if live:
-        yield StringCommand("systemctl", "disable", "--now", *[serving.unit_name(n) for n in live])
+        yield StringCommand("systemctl", "disable", "--now", *[paths.unit_name(n) for n in live])
     yield StringCommand("rm", "-rf", *[QuoteString(p) for name in sorted(others) for p in others[name]])
 
 
-CHECK_CONTAINER = "sparkinfra-vllm-check"  # lane_validated's throwaway container
 
 
 @operation()
@@ -143,37 +142,34 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
 
     + lane: the lane's name
     + image: the lane's image (on this node, the head)
-    + request: what ``scripts/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
+    + request: what ``node/vllm_check.py`` checks (``lanes.vllm_request(..., in_image=True)``)
     + docker_options: ``docker run`` options giving the check the lane's mounts and environment
     + mods: (name, digest) of the lane's mods, applied first in this order as a rank's start does
       (a flag a mod registers is then known to the parser)
     """
 
     image_id = gathered(host, DockerImageId, image=image) or "absent"
-    check = scripts.text("vllm_check.py")
+    check = (node.DIR / "vllm_check.py").read_text()  # run from the node programs (``programs_present``)
     request = json.dumps(request, sort_keys=True)
     key = hashlib.sha256(f"{image_id}\n{request}\n{check}\n{json.dumps(list(mods))}".encode()).hexdigest()[:16]
-    marker = serving.validated_path(lane)
+    marker = paths.validated_path(lane)
     if gathered(host, FileDigest, path=marker) == key:
         host.noop(f"{lane}'s arguments passed the image's vLLM")
         return
-    script, data = f"{serving.STATE_DIR}/vllm_check.py", f"{serving.STATE_DIR}/{lane}.check.json"
-    yield StringCommand("mkdir", "-p", "-m", "700", serving.STATE_DIR)
-    yield from files.put._inner(src=io.StringIO(check), dest=script, mode="644")
+    data = paths.check_request_path(lane)
+    yield StringCommand("mkdir", "-p", "-m", "700", paths.STATE_DIR)
     yield FunctionCommand(lambda state, host: put_private(host, request, data), (), {})  # 0600 from its first byte
     yield serving.runner(lane, "nccl-env")  # the lane's NCCL env file, which docker_options may name
     # Named, so a converge killed during the check leaves nothing the next one does not remove.
     yield StringCommand("docker", "rm", "-f", CHECK_CONTAINER, ">/dev/null", "2>&1", "||", "true")
     # The mods' own lines go to the output before the check's report, its last line.
-    apply = ["sh", serving.CONTAINER_APPLY_MODS, serving.CONTAINER_MODS, *(name for name, _ in mods), "--"] if mods else []
-    run = " ".join(
-        ["docker", "run", "--rm", "-i", "--name", CHECK_CONTAINER, "--entrypoint", apply[0] if apply else "python3",
-         "-v", f"{script}:/tmp/vllm_check.py:ro",
-         *[shlex.quote(o) for o in docker_options], shlex.quote(image),
-         *[shlex.quote(a) for a in apply[1:]], *(["python3"] if apply else []), "/tmp/vllm_check.py"]
-    )
-    report = shlex.quote(scripts.text("check_report.py"))
-    yield f"{run} < {data} | python3 -c {report} && echo {key} > {marker}"
+    apply = [serving.CONTAINER_APPLY_MODS, paths.CONTAINER_MODS, *(name for name, _ in mods), "--", "python3"] if mods else []
+    mount = f"{paths.PROGRAMS}:{paths.CONTAINER_PROGRAMS}:ro"  # the lane's options hold it when it has mods
+    options = [*([] if mount in docker_options else ["-v", mount]), *docker_options]
+    run = docker.run(CHECK_CONTAINER, options, image, [*apply, paths.CONTAINER_PROGRAMS, "vllm_check"], stdin=True,
+                     entrypoint="sh" if apply else "python3")
+    report = shlex.join(paths.program("check_report"))
+    yield f"{shlex.join(run)} < {data} | {report} && echo {key} > {marker}"
 
 
 @operation()
@@ -189,7 +185,7 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     + ready_timeout: seconds the lane may take to answer after a (re)start
     """
     status = host.get_fact(LaneStatus, lane=lane) or {}
-    unit = serving.unit_name(lane)
+    unit = paths.unit_name(lane)
     wait = serving.runner(lane, "wait-ready", str(ready_timeout))  # its lines: the start's phases
     age = status.get("age")
     starting = (
@@ -225,7 +221,7 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     # Said in every run, --dry included: what restarts, and why.
     logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
     # A converge is a deliberate start: it does not wait out the back-off of earlier failures.
-    yield StringCommand("rm", "-f", serving.failures_path(lane))
+    yield StringCommand("rm", "-f", paths.failures_path(lane))
     yield serving.runner(lane, "restart", "; ".join(reasons))  # the reasons go to the head's restart history
     yield shown(wait)
 

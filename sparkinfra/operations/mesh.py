@@ -19,13 +19,10 @@ from pyinfra.operations import files
 
 from ..facts.mesh import AuthorizedKeys
 from ..facts.reading import gathered, gathered_each
+from ..node.paths import MESH_KEY, MESH_KNOWN_HOSTS
 from ..settings import Cluster
 from .files import file_content, preparing, refuse
 
-MESH_KEY = "/root/.ssh/sparkinfra_fabric"
-MESH_KNOWN_HOSTS = "/root/.ssh/sparkinfra_known_hosts"
-MESH_CONFIG = "/root/.ssh/config"  # the head's entries sit in a marked block (files.block)
-MESH_CONFIG_MARKER = "# {mark} sparkinfra fabric mesh"
 HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
 MESH_KEX = "curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com"
 MESH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"

@@ -18,16 +18,12 @@ from .. import roce, scripts
 from ..facts.fabric import RdmaNetdevs, RoceGidTable
 from ..facts.nccl import NcclPin, NcclVersion
 from ..facts.reading import gathered, gathered_each
+from ..node import nccl_identity
+from ..node.paths import NCCL_PIN_RECORD, program
 from ..progress import shown
-from ..scripts import nccl_identity
 from ..settings import Cluster, Fabric
 from .files import file_content, preparing, refuse, render
-
-NCCL_ENV_FILE = "/etc/sparkinfra/nccl.env"
-NCCL_PIN_RECORD = "/etc/sparkinfra/nccl-pin.json"  # the pin's identity: sha256, ELF build-id, where it came from
-NCCL_IDENTITY_SCRIPT = "nccl_identity.py"
-NCCL_IDENTITY = "/usr/local/lib/sparkinfra/nccl_identity.py"  # also mounted beside the container check
-NCCL_FETCH = "/usr/local/lib/sparkinfra/nccl_fetch.py"  # beside nccl_identity.py, which it imports
+from .node import programs_present
 
 
 def nccl_variables(cluster: Cluster) -> dict[str, str]:
@@ -130,7 +126,7 @@ def nccl_fetched(path: str, index: str, project: str, version: str, wheel_sha256
                  record: str = NCCL_PIN_RECORD):
     """
     Ensure the head holds the pin: ``libnccl.so.2`` from the wheel of ``project`` at ``version``
-    for this node's platform, fetched once from ``index`` (``scripts/nccl_fetch.py``: its sha256
+    for this node's platform, fetched once from ``index`` (``node/nccl_fetch.py``: its sha256
     checked against the index's), with its identity record (sha256, ELF build-id, source).
 
     + path: the library (``nccl_library``)
@@ -145,10 +141,9 @@ def nccl_fetched(path: str, index: str, project: str, version: str, wheel_sha256
             pin["record"], project, version) and (not wheel_sha256 or wheel == wheel_sha256):
         host.noop(f"{path} is {project} {version} (sha256 {pin['sha256'][:12]})")
         return
-    for name, dest in ((NCCL_IDENTITY_SCRIPT, NCCL_IDENTITY), ("nccl_fetch.py", NCCL_FETCH)):
-        yield from file_content._inner(path=dest, src=str(scripts.path(name)))
+    yield from programs_present._inner()
     yield shown(StringCommand(
-        "python3", NCCL_FETCH, "--index", QuoteString(index), "--project", QuoteString(project),
+        *program("nccl_fetch"), "--index", QuoteString(index), "--project", QuoteString(project),
         "--version", QuoteString(version), "--machine", '"$(uname -m)"', "--dest", QuoteString(path),
         "--record", QuoteString(record), *(("--wheel-sha256", wheel_sha256) if wheel_sha256 else ()),
     ))

@@ -27,6 +27,7 @@ from ..progress import shown
 from ..lanes import images
 from ..facts.reading import at_once, gathered, gathered_each, unproxied
 from ..facts.stage import DockerImageId, SnapshotManifest, snapshot_tool_command
+from ..node.paths import HF_TOKEN_FILE, MANIFEST, RUN
 from .files import preparing, put_private, put_secret, refuse
 
 # Staging
@@ -117,8 +118,8 @@ def image_built(image: lanes.Image):
         host.noop(f"{image.ref} is built")
         return
     folder = f"{images.NODE_DIR}/{image.name}"
-    tarball = f"/run/sparkinfra/recipe-{image.name}.tar"
-    yield StringCommand("install", "-d", "-m", "700", "/run/sparkinfra", QuoteString(folder))
+    tarball = f"{RUN}/recipe-{image.name}.tar"
+    yield StringCommand("install", "-d", "-m", "700", RUN, QuoteString(folder))
     yield FileUploadCommand(io.BytesIO(images.recipe_tarball(image.folder)), tarball)
     # One line every few seconds naming the build's step, then its time; the log's end on failure.
     yield shown(scripts.command("image_build.sh", image.ref, folder, tarball, *images.build_command_args(image)))
@@ -295,8 +296,8 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
         host.noop(f"{repo_dir} matches the head's manifest ({mine['files']} files)")
         return
     # Name the files: compare against the head's manifest, placed here for that.
-    content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{transfer.MANIFEST}") or [])
-    check = f"/run/sparkinfra/{transfer.MANIFEST}.{host.name}"
+    content = "\n".join(gathered(head, FileContents, path=f"{repo_dir}/{MANIFEST}") or [])
+    check = f"{RUN}/{MANIFEST}.{host.name}"
     yield FunctionCommand(lambda state, host: put_private(host, content, check), (), {})  # 0600 from its first byte
     yield StringCommand(
         "sh", "-c", QuoteString(
@@ -316,7 +317,6 @@ _MISMATCH = (
 
 
 # A download's token, for its length only: one fixed name, so a run that died is cleaned by the next.
-HF_TOKEN_FILE = "/run/sparkinfra/hf_token"
 
 
 @operation()
@@ -351,7 +351,7 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
         # token in a closure (its repr names only the function) and uploads it into a 0600 file.
         def upload_token(state, host):
             # The folder is root-only (0700) before the token is in it.
-            host.run_shell_command(StringCommand("install", "-d", "-m", "700", "/run/sparkinfra"), _sudo=True)
+            host.run_shell_command(StringCommand("install", "-d", "-m", "700", RUN), _sudo=True)
             return put_secret(host, token, token_file)
 
         yield FunctionCommand(upload_token, (), {})

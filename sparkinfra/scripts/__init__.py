@@ -1,7 +1,9 @@
 """
-What runs on the nodes, as files: the lane runner (``lane_ctl.py``), the snapshot tool, the vLLM
-argument check, and the shell the deploys run there. Each is linted and run by the unit tests;
-the deploys upload a script, or run its text with its arguments, never shell built in f-strings.
+What reaches the nodes as text sent with a command, before or outside the node programs
+(``sparkinfra/node``, placed whole): the shell of facts, the converge lock and preflight, which run
+before anything is placed; the staging's programs and the snapshot tool; ``status``'s and
+``logs``' readers. Each is linted and run by the unit tests; the deploys run a script's text with
+its arguments, never shell built in f-strings.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """
-A lane's journal on this node for ``python -m sparkinfra.logs`` (read-only; stdlib only; run as
+A lane's journal on this node for ``python -m sparkinfra logs`` (read-only; stdlib only; run as
 root with the node's python3, sent as ``python3 -c TEXT QUERY``).
 
     lane_journal.py QUERY

@@ -1,5 +1,5 @@
 """
-One node's state for ``python -m sparkinfra.status`` (read-only; stdlib only; run as root with
+One node's state for ``python -m sparkinfra status`` (read-only; stdlib only; run as root with
 the node's python3, sent as ``python3 -c TEXT QUERY``): one JSON object on stdout.
 
     node_report.py QUERY

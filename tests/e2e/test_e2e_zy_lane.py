@@ -66,7 +66,7 @@ def _assert_serving(bed, lane="sim"):
 
 
 def _status(bed, lane="sim"):
-    out = bed.node("spark-1", f"python3 /usr/local/lib/sparkinfra/lane_ctl.py status /etc/sparkinfra/lanes/{lane}.json")
+    out = bed.node("spark-1", f"python3 /usr/local/lib/sparkinfra/node lane_ctl status /etc/sparkinfra/lanes/{lane}.json")
     return json.loads(out.stdout)
 
 
@@ -703,9 +703,7 @@ SNAPSHOT = "/var/lib/sparkinfra/hf/models--sparkbed--tiny-llama"
 FULLY_GONE = (  # what a full teardown removes from every node
     "/etc/sparkinfra/nccl.env",
     "/etc/sparkinfra/lanes",
-    "/usr/local/lib/sparkinfra/lane_ctl.py",
-    "/usr/local/lib/sparkinfra/container_check.py",
-    "/usr/local/lib/sparkinfra/apply_mods.sh",
+    "/usr/local/lib/sparkinfra/node",  # the node programs: the runner, the container check, the mod runner...
     "/var/lib/sparkinfra/mods",  # lane sim-b's
     "/etc/systemd/system/sparkinfra-gpu-clocks.service",
     "/run/sparkbed/gpu-locked-clocks",  # the bed's stand-in: reset by the unit's stop

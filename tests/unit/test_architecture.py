@@ -18,10 +18,6 @@ SCRIPTS = PRODUCT / "scripts"  # run on nodes: named as a folder on the page
 DOC = ROOT / "docs" / "architecture.md"
 LIMIT = 400
 VIEWS = ("sparkinfra.cli", "sparkinfra.__main__")  # the command-line views: nothing else imports them
-# Folder imports that still close a loop, each to go with the change that ends it (the test fails
-# once one no longer exists): serving.py takes NCCL's node paths from operations/nccl.py, whose
-# operations take serving's plans (a module of node paths below both ends it).
-LOOPS_LEFT = {("sparkinfra.serving", "sparkinfra.operations")}
 
 
 def modules() -> dict[str, Path]:
@@ -131,10 +127,6 @@ def private_pyinfra(path: Path) -> list[str]:
 
 def test_no_import_loop_between_folders():
     edges = folder_edges(graph())
-    left = sorted(edge for edge in LOOPS_LEFT if edge[1] not in edges.get(edge[0], ()))
-    assert not left, f"LOOPS_LEFT names imports that are gone (remove them from it): {left}"
-    for source, target in LOOPS_LEFT:
-        edges[source].discard(target)
     cycles = find_cycles(edges)
     assert not cycles, "folders importing each other in a loop: " + "; ".join(" -> ".join(c) for c in cycles)
 

@@ -25,8 +25,8 @@ from sparkbed import cache, hub, upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 LANE_RECIPE = ROOT / "images" / "sparkbed-lane"
-APPLY_MODS = ROOT / "sparkinfra" / "scripts" / "apply_mods.sh"
-VLLM_CHECK = ROOT / "sparkinfra" / "scripts" / "vllm_check.py"
+APPLY_MODS = ROOT / "sparkinfra" / "node" / "apply_mods.sh"
+VLLM_CHECK = ROOT / "sparkinfra" / "node" / "vllm_check.py"
 VLLM_WRAPPER = LANE_RECIPE / "rootfs" / "usr" / "local" / "bin" / "vllm"
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
 

@@ -1,5 +1,5 @@
 """
-``scripts/container_check.py``, run as a rank's container runs it: the NCCL pin as libraries load
+``node/container_check.py``, run as a rank's container runs it: the NCCL pin as libraries load
 it (two stand-in libnccl.so.2 versions, compiled here; with ``--nccl-pin``, two builds of one
 version too), the RDMA devices and a GID table in folders standing for /dev/infiniband and
 /sys/class/infiniband.
@@ -21,7 +21,7 @@ from nccl_builds import compile_build
 from spark_cluster import load_cluster
 
 from sparkbed.layout import compile_nccl_standin
-from sparkinfra import serving
+from sparkinfra import node, serving
 from sparkinfra.lanes import find_lane
 
 
@@ -35,7 +35,7 @@ def run(*args: str, root: Path | None = None, **env: str) -> subprocess.Complete
     """The script as a container runs it; ``root`` stands for the container's / (default: an empty tree)."""
     if root is None:
         root = Path(env.get("LD_PRELOAD") or env.get("VLLM_NCCL_SO_PATH") or "/nonexistent").parent / "empty"
-    return subprocess.run([sys.executable, "-S", str(serving.CONTAINER_CHECK_SOURCE), *args, "--root", str(root)],
+    return subprocess.run([sys.executable, "-S", str(node.DIR / "container_check.py"), *args, "--root", str(root)],
                           capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env}, timeout=60, check=False)
 
 
@@ -110,7 +110,7 @@ def builds(tmp_path_factory) -> dict[str, Path]:
 
 def short(path: Path) -> str:
     """``build-id X, sha256 Y`` of a file, 12 hex each."""
-    out = subprocess.run([sys.executable, str(serving.CONTAINER_CHECK_SOURCE.with_name("nccl_identity.py")), str(path)],
+    out = subprocess.run([sys.executable, str((node.DIR / "container_check.py").with_name("nccl_identity.py")), str(path)],
                          capture_output=True, text=True, check=True).stdout
     found = json.loads(out)[0]
     return f"build-id {found['build_id'][:12]}, sha256 {found['sha256'][:12]}"
@@ -171,7 +171,7 @@ def test_the_script_alone_checks_versions_and_says_what_a_pin_needs(builds, tmp_
     check names the missing file."""
     alone = tmp_path / "run" / "container_check.py"
     alone.parent.mkdir()
-    shutil.copy(serving.CONTAINER_CHECK_SOURCE, alone)
+    shutil.copy((node.DIR / "container_check.py"), alone)
     env = {"PATH": os.environ["PATH"], "LD_PRELOAD": str(builds["pin"])}
     done = subprocess.run([sys.executable, "-S", str(alone), "--nccl-version", "2.30.7", "--root", str(tmp_path / "run")],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
@@ -206,7 +206,7 @@ def fabric(tmp_path, monkeypatch):
     """The check module with /dev/infiniband and /sys/class/infiniband in ``tmp_path``: a GB10's twins
     of the cabled port, rocep1s0f0 (enp1s0f0np0, the fabric IP 10.0.0.1 at row 3) and roceP2p1s0f0
     (enP2p1s0f0np0, its own link-local IPv4 at row 3), each table from its own netdev."""
-    spec = importlib.util.spec_from_file_location("container_check", serving.CONTAINER_CHECK_SOURCE)
+    spec = importlib.util.spec_from_file_location("container_check", (node.DIR / "container_check.py"))
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
     (tmp_path / "dev").mkdir()
@@ -279,10 +279,10 @@ def test_every_rank_of_a_lane_using_rdma_checks_it(tmp_path):
                                       "drafter": "Sebesky/MiniMax-M3-EAGLE3-RTN-INT4"})
     lane = find_lane("pair-a-balanced").model_copy(update={"mods": []})  # its build repository's: not fetched here
     for plan in serving.rank_plans(lane, cluster):
-        check = plan.runner_plan()["container_check"]
-        assert check["args"] == ["--nccl-version", cluster.config.nccl_version, "--nccl-pin", cluster.config.nccl_library,
-                                 "--rdma", "--rdma-port", "1"]
-        assert check["identity"]["mount"].rsplit("/", 1)[0] == check["mount"].rsplit("/", 1)[0]  # imported beside it
+        check = plan.runner_plan().container_check
+        assert check.args == ["--nccl-version", cluster.config.nccl_version, "--nccl-pin", cluster.config.nccl_library,
+                              "--rdma", "--rdma-port", "1"]
+        assert (node.DIR / "nccl_identity.py").is_file()  # mounted with the whole folder: imported beside it
     sim = find_lane("sim")
     cpu = sim.model_copy(update={"model": cluster.config.model, "nodes": 2,
                                  "container": sim.container.model_copy(update={"rdma": False})})

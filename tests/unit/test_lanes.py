@@ -51,8 +51,8 @@ from sparkinfra.lanes import (
     vllm_request,
 )
 from sparkinfra.lanes.schema import MAX_BYTES, MAX_DEPTH, MAX_VALUES, RESERVED, read_yaml
+from sparkinfra.node.vllm_check import _find, strip_flags
 from sparkinfra.settings import SERVE_KEYS
-from sparkinfra.scripts.vllm_check import _find, strip_flags
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -5,15 +5,16 @@ and revisions, from the inventory alone (no host connected).
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 
 from sparkinfra import serving
 from sparkinfra.lanes import find_lane
 from sparkinfra.cli.lanes import main
 from sparkinfra.cli.show import CACHE_IMAGE, PIN_OVER, docker_lines, nccl_lines, show
+from sparkinfra.node import docker, lane_rank, paths
+from sparkinfra.node.paths import NCCL_ENV_FILE
 from sparkinfra.operations.files import render
-from sparkinfra.operations.nccl import NCCL_ENV_FILE, nccl_env, nccl_variables
+from sparkinfra.operations.nccl import nccl_env, nccl_variables
 from sparkinfra.run import load_files
 
 MODEL_COMMIT, DRAFTER_COMMIT = "a" * 40, "d" * 40  # stand-ins for the commits a site pins
@@ -51,18 +52,23 @@ def test_a_branch_revision_is_shown_as_what_the_first_converge_locks(capsys):
 
 
 def test_the_lines_are_the_exact_command_the_runner_runs(monkeypatch):
-    """What the runner runs, with the pin over each copy it finds in the image where the show
-    names them (``PIN_OVER``: found on the node, before the first start)."""
-    spec = importlib.util.spec_from_file_location("lane_ctl", serving.LANE_CTL_SOURCE)
-    ctl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ctl)
-    monkeypatch.setattr(ctl, "nccl_copies", lambda p: [PIN_OVER])
+    """What the runner runs (``lane_rank.docker_run``, through the one builder ``docker.rank_run``),
+    with the pin over each copy it finds in the image where the show names them (``PIN_OVER``: found
+    on the node, before the first start) and the caches of the image ID it finds there."""
+    built = []
+    monkeypatch.setattr(lane_rank, "nccl_copies", lambda p: [PIN_OVER])
+    monkeypatch.setattr(lane_rank, "write_nccl_env", lambda p: "")
+    monkeypatch.setattr(docker, "rank_run", lambda *a, real=docker.rank_run: built.append(a) or real(*a))
     for plan in serving.rank_plans(find_lane("sim"), _cluster("inventory/sim.py")):
-        runs, planned = ctl.docker_run(plan.runner_plan(), CACHE_IMAGE), plan.docker_run()
-        at = planned.index(plan.image)
-        caches = serving.compile_cache_mounts("sim", CACHE_IMAGE)
+        runs = lane_rank.docker_run(plan.runner_plan(), CACHE_IMAGE)
+        shown = plan.docker_run([PIN_OVER], CACHE_IMAGE)
+        assert built[-1] == built[-2] == (plan.runner_plan(), [PIN_OVER], CACHE_IMAGE) and runs == shown
+        at = runs.index(plan.image)
+        caches = docker.cache_mounts(plan.runner_plan(), CACHE_IMAGE)
         assert caches[:2] == ["-v", f"/var/cache/sparkinfra/compile/sim/{CACHE_IMAGE}/vllm:/root/.cache/vllm"]
-        assert runs == [*planned[:at], "-v", f"{plan.nccl_pin}:{PIN_OVER}:ro", *caches, *planned[at:]]
+        assert runs == ["docker", "run", "--rm", "--name", plan.container, *plan.docker_options,
+                        "-v", f"{plan.nccl_pin}:{PIN_OVER}:ro", *caches, *runs[at:]]
+        assert runs[at:] == [plan.image, *plan.command]
         lines = docker_lines(plan)
         assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
         assert shlex.split(" ".join(line.removesuffix(" \\") for line in lines)) == runs
@@ -99,17 +105,10 @@ def test_cli_refuses_bad_settings_with_the_file_and_key(capsys):
     assert "error: --data, key 'fabric_mtu' (host spark-1): " in capsys.readouterr().err
 
 
-def _ctl():
-    spec = importlib.util.spec_from_file_location("lane_ctl", serving.LANE_CTL_SOURCE)
-    ctl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ctl)
-    return ctl
-
-
 def test_each_rank_shows_the_lanes_nccl_changes_and_the_file_it_gets():
     lane = find_lane("sim").model_copy(update={"nccl_env": {"NCCL_PROTO": "LL", "NCCL_IB_MERGE_NICS": None}})
     text = show(lane, _cluster("inventory/sim.py"))
-    mine = serving.nccl_env_path("sim")
+    mine = paths.nccl_env_path("sim")
     ranks = text.split("\nrank ")[1:]
     assert len(ranks) == 2
     for rank in ranks:
@@ -133,7 +132,7 @@ def test_the_shown_nccl_file_is_the_one_the_runner_writes_from_the_nodes():
     plan = serving.rank_plans(find_lane("sim").model_copy(update={"nccl_env": changes}), cluster)[1]
     node = nccl_env(nccl_variables(cluster), cluster.config.nccl_env_overrides, ["rocep1s0f0", "roceP2p1s0f0"], "3")
     node_text = render("etc/sparkinfra/nccl.env.j2", variables=sorted(node.items()))
-    written = _ctl().nccl_env_text(node_text, plan.runner_plan()["nccl_env"]["changes"], "sim", NCCL_ENV_FILE)
+    written = lane_rank.nccl_env_text(node_text, plan.runner_plan().nccl_env.changes, "sim", NCCL_ENV_FILE)
     gets = dict(line.split("=", 1) for line in written.splitlines() if line and not line.startswith("#"))
     shown = [line.strip() for line in nccl_lines(plan, node)[2:]]
     assert gets == dict(line.split("=", 1) for line in shown)

@@ -1,5 +1,5 @@
 """
-The site's lock (``sparkinfra.lock``): references resolved by ``scripts/pin_resolve.py`` against
+The site's lock (``sparkinfra.lock``): references resolved by ``node/pin_resolve.py`` against
 real servers on 127.0.0.1 (the bed's hub stand-in, a git repository, a package index page), the
 lock file's form and refusals, the settings as it pins them, and its command line from zero, again
 (nothing resolved), after the Hub moved a branch (still the locked commit), and with ``--update``.

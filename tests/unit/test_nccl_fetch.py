@@ -1,5 +1,5 @@
 """
-``scripts/nccl_fetch.py`` against a package index served here (``http.server`` on 127.0.0.1): a
+``node/nccl_fetch.py`` against a package index served here (``http.server`` on 127.0.0.1): a
 PEP 503 page naming wheels built here with the layout of ``nvidia-nccl-cu13`` for aarch64 and
 x86_64; the machine's wheel taken, the lowest glibc first; a version or a machine the index lacks
 refused with what it has; a wheel of another sha256 refused; a second run done without the network.
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from nccl_builds import compile_build
 
-from sparkinfra import scripts
+from sparkinfra import node
 
-SOURCE = scripts.path("nccl_fetch.py")
+SOURCE = node.DIR / "nccl_fetch.py"
 sys.path.insert(0, str(SOURCE.parent))
 nccl_fetch = importlib.import_module("nccl_fetch")  # the node scripts, as modules
 ni = importlib.import_module("nccl_identity")

@@ -1,5 +1,5 @@
 """
-``scripts/nccl_identity.py``: the build-id of real ELF files as readelf reads it, and of hand-made
+``node/nccl_identity.py``: the build-id of real ELF files as readelf reads it, and of hand-made
 ELF32 big-endian and ELF64 section-only files; two libnccl.so.2 stand-ins of one version but
 another build (compiled here) told apart; what a running process has mapped.
 """
@@ -20,9 +20,9 @@ import pytest
 
 from nccl_builds import compile_build
 
-from sparkinfra import scripts
+from sparkinfra import node
 
-SOURCE = scripts.path("nccl_identity.py")
+SOURCE = node.DIR / "nccl_identity.py"
 sys.path.insert(0, str(SOURCE.parent))
 ni = importlib.import_module("nccl_identity")  # the node script, as a module
 

@@ -313,7 +313,7 @@ def test_a_secret_is_compared_on_the_node_and_no_digest_of_it_is_read(monkeypatc
 # lane_running: a converge restarts the lane through the runner (its reasons go to the head's
 # history) and waits for it with its phases printed at pyinfra's default verbosity (``shown``).
 
-LANE_CTL = "python3 /usr/local/lib/sparkinfra/lane_ctl.py"
+LANE_CTL = "python3 /usr/local/lib/sparkinfra/node lane_ctl"
 WAIT = f"{LANE_CTL} wait-ready /etc/sparkinfra/lanes/sim.json 900"
 
 
@@ -395,14 +395,32 @@ def pin_fact(sha256, record=None, path=PIN):
 
 
 def script_states():
-    """The node already holds both node scripts as they are here (so only the fetch is yielded)."""
-    from pyinfra.api.util import get_file_sha1
+    """The node already holds the node programs as they are here (so only the fetch is yielded)."""
+    from sparkinfra.node.paths import PROGRAMS
+    from sparkinfra.operations.node import programs
 
-    from sparkinfra import scripts
-    from sparkinfra.operations.nccl import NCCL_FETCH, NCCL_IDENTITY
-    return [{"fact": "FileState", "args": {"path": dest}, "value": {
-        "kind": "file", "sha1": get_file_sha1(str(scripts.path(name))), "user": "root", "group": "root",
-        "mode": "644", "parent": True}} for name, dest in (("nccl_identity.py", NCCL_IDENTITY), ("nccl_fetch.py", NCCL_FETCH))]
+    return [{"fact": "FolderDigests", "args": {"path": PROGRAMS}, "value": programs()}]
+
+
+def test_the_node_programs_are_placed_whole_once_and_removed_whole():
+    """One fact reads the folder; only the files that differ are uploaded, a file the package lacks
+    removed; the same folder is a no-op; ``present=False`` removes it."""
+    from sparkinfra.node.paths import PROGRAMS
+    from sparkinfra.operations.node import programs
+
+    def folder(value):
+        return [{"fact": "FolderDigests", "args": {"path": PROGRAMS}, "value": value}]
+
+    commands, noops = run_operation("node.programs_present", {}, folder(programs()))
+    assert commands == [] and noops == [f"{PROGRAMS} holds the node programs"]
+    stale = {**programs(), "lane_ctl.py": "0" * 64, "old.py": "1" * 64}
+    commands, _ = run_operation("node.programs_present", {}, folder(stale))
+    assert commands[:2] == [f"mkdir -p {PROGRAMS}", f"rm -f {PROGRAMS}/old.py"]
+    assert len(commands) == 4 and "lane_ctl.py" in commands[2] and commands[3].startswith("chmod -R")
+    commands, _ = run_operation("node.programs_present", {}, folder({}))
+    assert len(commands) == 2 + len(programs()) and "lane_rank.py" in " ".join(commands)
+    assert run_operation("node.programs_present", {"present": False}, folder(stale))[0] == [f"rm -rf {PROGRAMS}"]
+    assert run_operation("node.programs_present", {"present": False}, folder({}))[0] == []
 
 
 FETCH = {"path": PIN, "index": "https://pypi.org/simple", "project": "nvidia-nccl-cu13", "version": "2.30.7"}
@@ -419,7 +437,7 @@ def test_a_fetched_pin_is_not_fetched_again_even_from_another_index():
 def test_a_missing_changed_other_version_or_uploaded_pin_is_fetched_by_the_head(pin):
     commands, _ = run_operation("nccl.nccl_fetched", FETCH, [pin, *script_states()])
     assert len(commands) == 1 and "shown(" in commands[0]
-    assert ("python3 /usr/local/lib/sparkinfra/nccl_fetch.py --index https://pypi.org/simple --project nvidia-nccl-cu13 "
+    assert ("python3 /usr/local/lib/sparkinfra/node nccl_fetch --index https://pypi.org/simple --project nvidia-nccl-cu13 "
             '--version 2.30.7 --machine "$(uname -m)" --dest /opt/nccl/lib/libnccl.so.2 --record '
             "/etc/sparkinfra/nccl-pin.json") in commands[0]
 

@@ -724,9 +724,10 @@ def test_models_without_drafter_or_model(tmp_path):
 
 REPO_DIR = "/var/lib/sparkinfra/hf/models--org--model"
 SCRIPTS = Path(transfer.scripts.DIR)
+NODE = Path(transfer.scripts.DIR).parent / "node"
 
 
-# The node scripts (sparkinfra/scripts/*.sh): linted, and run here with stand-ins only for what
+# The node scripts (sparkinfra/scripts/*.sh, sparkinfra/node/*.sh): linted, and run here with stand-ins only for what
 # the test cannot do (systemd, docker, an rsync daemon on the fabric)
 # ---------------------------------------------------------------------------------------------
 
@@ -734,8 +735,8 @@ SCRIPTS = Path(transfer.scripts.DIR)
 def test_node_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert shellcheck, "shellcheck is not installed (make setup installs it)"
-    found = sorted(SCRIPTS.glob("*.sh"))
-    assert {p.name for p in found} >= {"stage_serve.sh", "image_receive.sh"}
+    found = sorted([*SCRIPTS.glob("*.sh"), *NODE.glob("*.sh")])  # the node programs' too
+    assert {p.name for p in found} >= {"stage_serve.sh", "image_receive.sh", "apply_mods.sh"}
     proc = subprocess.run([shellcheck, "--severity=style", *map(str, found)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 

@@ -22,7 +22,7 @@ import testinfra
 
 from sparkinfra import roce
 from sparkinfra.facts.fabric import RdmaNetdevs, RoceGidTable
-from sparkinfra.operations.nccl import NCCL_ENV_FILE
+from sparkinfra.node.paths import NCCL_ENV_FILE
 from sparkinfra.run import load_files
 from sparkinfra.settings import Cluster, Node
 

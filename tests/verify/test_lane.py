@@ -8,7 +8,8 @@ import pytest
 from sparkinfra import lanes, nccl_log, serving
 from sparkinfra.facts.lane import LaneStatus, LaneUnits
 from sparkinfra.facts.nccl import NcclPin
-from sparkinfra.operations.nccl import NCCL_IDENTITY, NCCL_PIN_RECORD
+from sparkinfra.node import paths
+from sparkinfra.node.paths import NCCL_IDENTITY, NCCL_PIN_RECORD
 
 
 def _lane(target):
@@ -39,8 +40,8 @@ def _rank_nccl_env(target, lane) -> dict[str, str]:
 def test_lane_unit_is_active(node):
     lane = _lane(node)
     units = node.fact(LaneUnits)
-    assert lane.name in units, f"{node}: {serving.unit_name(lane.name)} is not installed"
-    assert units[lane.name]["active"] == "active", f"{node}: {serving.unit_name(lane.name)} is {units[lane.name]}"
+    assert lane.name in units, f"{node}: {paths.unit_name(lane.name)} is not installed"
+    assert units[lane.name]["active"] == "active", f"{node}: {paths.unit_name(lane.name)} is {units[lane.name]}"
 
 
 def test_no_other_lane_runs(node):
@@ -97,7 +98,7 @@ def test_every_rank_has_the_lanes_nccl_changes(node):
     wanted = _rank_nccl_env(node, lane)
     differ = {k: f"{env.get(k)!r} (wanted {v!r})" for k, v in sorted(wanted.items()) if env.get(k) != v}
     assert not differ, f"{node}: the container's NCCL environment differs from the node's with the lane's: {differ}"
-    path = serving.nccl_env_path(lane.name)
+    path = paths.nccl_env_path(lane.name)
     mode = node.root(f"stat -c '%a %U' {path}")
     assert mode.stdout.strip() == "600 root", f"{node}: {path}: {mode.stdout.strip() or mode.stderr.strip()}"
 
@@ -136,8 +137,8 @@ def test_compile_caches_are_kept_per_lane_and_image(node):
     info = _inspect(node, node.cluster.config.container_name)
     image = info["Image"].removeprefix("sha256:")[:12]
     mounts = {m["Destination"]: m["Source"] for m in info["Mounts"]}
-    for kind, path in serving.COMPILE_CACHES.items():
-        wanted = f"{serving.COMPILE_CACHE}/{lane.name}/{image}/{kind}"
+    for kind, path in paths.COMPILE_CACHES.items():
+        wanted = f"{paths.COMPILE_CACHE}/{lane.name}/{image}/{kind}"
         assert mounts.get(path) == wanted, f"{node}: {path} in the container is {mounts.get(path)!r}, not {wanted}"
 
 
@@ -145,7 +146,7 @@ def test_every_rank_passed_its_container_check(cluster):
     """The head's unit checked every rank's container before this start (its journal, this run)."""
     lane = _lane(cluster[0])
     head = _head(cluster)
-    unit = serving.unit_name(lane.name)
+    unit = paths.unit_name(lane.name)
     run = head.root(f"systemctl show -p InvocationID --value {unit}").stdout.strip()
     log = head.root(f"journalctl _SYSTEMD_INVOCATION_ID={run} -o cat --no-pager").stdout
     checks = ["nccl", *(("rdma", "gid") if lane.container.rdma else ())]

@@ -6,8 +6,8 @@ import pytest
 
 from sparkinfra import roce
 from sparkinfra.facts.nccl import NcclPin, NcclVersion
-from sparkinfra.operations.mesh import MESH_KEY
-from sparkinfra.operations.nccl import NCCL_ENV_FILE, NCCL_PIN_RECORD, nccl_variables
+from sparkinfra.node.paths import MESH_KEY, NCCL_ENV_FILE, NCCL_PIN_RECORD
+from sparkinfra.operations.nccl import nccl_variables
 
 IB_MTUS = (256, 512, 1024, 2048, 4096)
 

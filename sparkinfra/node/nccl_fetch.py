@@ -344,7 +344,7 @@ def fetch(args, token, every):
     name, url, expected = choose(files, args.project, args.version, args.machine, page)
     if args.wheel_sha256 and (expected or "").lower() != args.wheel_sha256:
         raise Refused(f"nccl: {page} now offers {name} with sha256 {expected or 'unknown'}, the site's lock pins "
-                      f"{args.wheel_sha256}: refused (python -m sparkinfra.lock INVENTORY --update nccl moves the pin)", 4)
+                      f"{args.wheel_sha256}: refused (python -m sparkinfra lock INVENTORY --update nccl moves the pin)", 4)
     folder = os.path.dirname(os.path.abspath(args.dest))
     _makedirs(folder)
     fd, wheel_path = tempfile.mkstemp(dir=folder, prefix=".nccl-wheel-", suffix=".whl")
