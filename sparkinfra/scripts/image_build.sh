@@ -80,7 +80,7 @@ repository)
             git fetch -q "$url" '+refs/heads/*:refs/remotes/build/*' '+refs/tags/*:refs/tags/*' ||
             fail "cannot fetch from $url"
         git cat-file -e "$commit^{commit}" 2> /dev/null ||
-            fail "$url has no commit $commit (force-pushed away? move the lock: python -m sparkinfra.lock)"
+            fail "$url has no commit $commit (force-pushed away? move the lock: python -m sparkinfra lock)"
     fi
     git checkout -q --force --detach "$commit" || fail "cannot check out $commit"
     git clean -q -f -d -x
