@@ -32,7 +32,7 @@ PIN_OVER = "<each other libnccl.so* file in the container>"
 PIN_NOTE = (
     "{over}: found by the lane's runner in the image and the lane's mounts before the first start\n"
     "  (pip's nvidia/nccl/lib, the system's libnccl2: what torch or Ray load by path), once per image ID;\n"
-    "  'lane_ctl.py copies {plan}' on the node lists them"
+    "  '{copies}' on the node lists them"
 )
 
 CACHE_IMAGE = "<image ID>"
@@ -120,7 +120,8 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
         out += ["  " + line for line in twin_lines(cluster, node.fabric_ip)]
         out += ["  " + line for line in docker_lines(plan)]
         if plan.nccl_pin:
-            out += ["  " + PIN_NOTE.format(over=PIN_OVER, plan=paths.plan_path(lane.name))]
+            copies = shlex.join(paths.program("lane_ctl", "copies", paths.plan_path(lane.name)))
+            out += ["  " + PIN_NOTE.format(over=PIN_OVER, copies=copies)]
         out += ["  " + CACHE_NOTE.format(image=CACHE_IMAGE)]
         out += nccl_lines(plan, nccl)
         out += _env_file(paths.env_path(lane.name), plan.env)
