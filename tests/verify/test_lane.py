@@ -163,7 +163,7 @@ def test_rank_role(node):
     info = _inspect(node, node.cluster.config.container_name)
     config = node.cluster.config
     args = info["Config"]["Cmd"] or []
-    wanted = lanes.launch(lane, node.cluster, node.node.rank, gmu=config.gpu_memory_utilization)
+    wanted = lanes.launch(lane, node.cluster, node.node.rank)  # the cluster's GMU over the lane's, as the plan renders it
     with_key = node.node.rank == 0 and bool(config.api_key_env)
     mods = [m.name for m in lanes.lane_mods(lane, dict(node.cluster.pins))]
     command = serving.container_command(wanted.command, api_key=with_key, mods=mods)
