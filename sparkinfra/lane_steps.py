@@ -153,6 +153,7 @@ def _files(here: Here, on: ClusterLane, mine: serving.RankPlan) -> None:
             request=lanes.vllm_request(lane, cluster, engine=True, in_image=True),
             docker_options=list(mine.docker_options),
             mods=list(mine.mods),
+            compile_cache=serving.compile_cache(name),
         )
 
 

@@ -43,6 +43,12 @@ WITH_API_KEY = (
 )
 
 
+def compile_cache(lane: str) -> plan.CompileCache:
+    """The lane's compile caches on a node (one folder per image ID and kind), which its ranks, its
+    trials and the head's in-image check mount."""
+    return plan.CompileCache(root=paths.compile_cache_root(lane), mounts=dict(paths.COMPILE_CACHES))
+
+
 def runner(lane: str, verb: str, *args: str) -> StringCommand:
     """
     The command that runs ``lane_ctl VERB PLAN ARGS…`` for ``lane`` on a node (the unit's lines are
@@ -138,7 +144,7 @@ class RankPlan:
             if self.nccl_changes else None,
             drop_caches=plan.DropCaches(**self.drop_caches) if self.drop_caches else None,
             mods=[plan.Mod(name=name, sha256=digest) for name, digest in self.mods],
-            compile_cache=plan.CompileCache(root=paths.compile_cache_root(self.lane), mounts=dict(paths.COMPILE_CACHES)),
+            compile_cache=compile_cache(self.lane),
             digest=self.digest,
         )
 

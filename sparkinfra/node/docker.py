@@ -5,7 +5,7 @@ The one ``docker run`` builder: a rank's container as ``lane_ctl`` starts it and
 
 from __future__ import annotations
 
-from .plan import RunnerPlan
+from .plan import CompileCache, RunnerPlan
 
 
 def run(name: str, options: list[str], image: str, command: list[str] = (), *, detach: bool = False,
@@ -21,11 +21,21 @@ def pin_mounts(pin: str, copies: list[str]) -> list[str]:
     return [x for path in copies for x in ("-v", f"{pin}:{path}:ro")] if pin else []
 
 
+def cache_key(image_id: str) -> str:
+    """The short image ID (``sha256:`` dropped, 12 hex) a lane's compile caches are kept under."""
+    return image_id.removeprefix("sha256:")[:12] or "unknown"
+
+
+def cache_folders(spec: CompileCache | None, image: str) -> dict[str, str]:
+    """Each compile cache of the short image ID ``image``: its folder on the node, by its path in
+    the container (``<root>/<image>/<kind>``)."""
+    return {path: f"{spec.root}/{image}/{kind}" for kind, path in spec.mounts.items()} if spec else {}
+
+
 def cache_mounts(p: RunnerPlan, image: str) -> list[str]:
-    """Mounts of the lane's compile caches for the short image ID ``image``: ``<root>/<image>/<kind>``,
-    each at its default path in the container."""
-    spec = p.compile_cache
-    return [x for kind, path in spec.mounts.items() for x in ("-v", f"{spec.root}/{image}/{kind}:{path}")] if spec else []
+    """Mounts of the lane's compile caches for the short image ID ``image``, each at its default
+    path in the container."""
+    return [x for path, folder in cache_folders(p.compile_cache, image).items() for x in ("-v", f"{folder}:{path}")]
 
 
 def rank_options(p: RunnerPlan, copies: list[str]) -> list[str]:

@@ -169,7 +169,7 @@ def drop_caches_while_loading(p: RunnerPlan, done: threading.Event) -> None:
 
 def image_key(p: RunnerPlan) -> str:
     """The short image ID the rank's compile caches are kept under."""
-    return lane_io.image_id(p.image).removeprefix("sha256:")[:12] or "unknown"
+    return docker.cache_key(lane_io.image_id(p.image))
 
 
 def prepare_compile_cache(p: RunnerPlan, image: str) -> None:

@@ -51,10 +51,14 @@ def trial_plan(p: RunnerPlan, knob: str, value: str) -> RunnerPlan:
 
 
 def cmd_trial_rank(path: str, knob: str, value: str) -> int:
+    """This rank's trial container, detached: the rank's options and its compile caches (a trial
+    compiles what the lane's next start then finds warm, and finds what earlier starts compiled)."""
     q = trial_plan(lane_io.plan(path), knob, value)
     lane_io.sh("docker", "rm", "-f", q.container)
     try:
-        options = lane_rank.rank_options(q)
+        image = lane_rank.image_key(q)
+        lane_rank.prepare_compile_cache(q, image)
+        options = [*lane_rank.rank_options(q), *docker.cache_mounts(q, image)]
     except RuntimeError as exc:
         lane_io.say(str(exc))
         return 1

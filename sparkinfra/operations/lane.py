@@ -24,6 +24,7 @@ from ..facts.reading import gathered
 from ..facts.stage import DockerImageId
 from ..node import docker, paths
 from ..node.paths import CHECK_CONTAINER
+from ..node.plan import CompileCache
 from ..progress import shown
 from .files import put_private
 
@@ -134,7 +135,8 @@ def other_lanes_absent(lane: str, keep_history: bool = False):
 
 
 @operation()
-def lane_validated(lane: str, image: str, request: dict, docker_options: list[str], mods: list[tuple[str, str]] = ()):
+def lane_validated(lane: str, image: str, request: dict, docker_options: list[str], mods: list[tuple[str, str]] = (),
+                   compile_cache: CompileCache | None = None):
     """
     Ensure the lane's serve arguments of every rank passed the vLLM inside the lane's image (its own
     parser, ``validate_parsed_serve_args``, and ``create_engine_config`` against the staged model),
@@ -146,6 +148,8 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     + docker_options: ``docker run`` options giving the check the lane's mounts and environment
     + mods: (name, digest) of the lane's mods, applied first in this order as a rank's start does
       (a flag a mod registers is then known to the parser)
+    + compile_cache: the lane's compile caches, mounted as a rank's start mounts them (vLLM's
+      inspection of the model's class, kept there, is then done once per image, not per check)
     """
 
     image_id = gathered(host, DockerImageId, image=image) or "absent"
@@ -165,7 +169,11 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
     # The mods' own lines go to the output before the check's report, its last line.
     apply = [serving.CONTAINER_APPLY_MODS, paths.CONTAINER_MODS, *(name for name, _ in mods), "--", "python3"] if mods else []
     mount = f"{paths.PROGRAMS}:{paths.CONTAINER_PROGRAMS}:ro"  # the lane's options hold it when it has mods
-    options = [*([] if mount in docker_options else ["-v", mount]), *docker_options]
+    caches = docker.cache_folders(compile_cache, docker.cache_key(image_id))
+    if caches:
+        yield StringCommand("mkdir", "-p", *caches.values())
+    options = [*([] if mount in docker_options else ["-v", mount]), *docker_options,
+               *(x for path, folder in caches.items() for x in ("-v", f"{folder}:{path}"))]
     run = docker.run(CHECK_CONTAINER, options, image, [*apply, paths.CONTAINER_PROGRAMS, "vllm_check"], stdin=True,
                      entrypoint="sh" if apply else "python3")
     report = shlex.join(paths.program("check_report"))

@@ -366,6 +366,29 @@ def test_compile_caches_are_kept_per_image_and_a_new_image_starts_cold(ctl, caps
     assert sorted(d.name for d in root.iterdir()) == ["bbbbbbbbbbbb"]
 
 
+def test_a_trial_rank_runs_with_the_compile_caches_a_start_of_the_lane_mounts(ctl, monkeypatch):
+    """A bracketing's trial finds what earlier starts compiled, and leaves the next start warm."""
+    runs = []
+
+    def sh(*args, **kwargs):
+        if args[:2] == ("docker", "run"):
+            runs.append(list(args))
+        return subprocess.CompletedProcess(args, 0, "sha256:abcdef0123456789\n" if "inspect" in args else "", "")
+
+    monkeypatch.setattr(lane_io, "sh", sh)
+    monkeypatch.setattr(lane_rank, "nccl_copies", lambda p: [])
+    root = ctl.tmp / "compile" / "sim"
+    p = _plan(ctl, compile_cache={"root": str(root), "mounts": {"vllm": "/root/.cache/vllm", "triton": "/root/.triton"}})
+    plan = ctl.tmp / "sim.json"
+    plan.write_text(p.to_json())
+    assert lane_trial.cmd_trial_rank(str(plan), "VLLM_CPU_KVCACHE_SPACE", "2") == 0
+    [argv] = runs
+    assert argv[argv.index("--name") + 1] == "vllm_node-trial"
+    for mount in docker.cache_mounts(p, "abcdef012345"):
+        assert mount in argv, argv
+    assert (root / "abcdef012345" / "vllm").is_dir() and (root / "abcdef012345" / "triton").is_dir()
+
+
 # Supervision (issue 18): unreachable is not dead, restarts back off, no worker outlives its lane
 # ------------------------------------------------------------------------------------------------
 

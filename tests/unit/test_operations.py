@@ -25,6 +25,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from sparkinfra import roce
+from sparkinfra.node.plan import CompileCache
 from sparkinfra.operations import files
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "operations"
@@ -81,6 +82,8 @@ def run_operation(name: str, kwargs: dict, facts: list[dict], stage: str = "exec
         port = kwargs["port"]
         kwargs["port"] = roce.Port(port["interface"], port["twin"], tuple(tuple(h) for h in port["hcas"]),
                                    tuple(port.get("problems", ())))
+    if isinstance(kwargs.get("compile_cache"), dict):
+        kwargs["compile_cache"] = CompileCache(**kwargs["compile_cache"])
     if isinstance(kwargs.get("key_host"), dict):
         kwargs["key_host"] = FakeHost(kwargs["key_host"]["name"], kwargs["key_host"]["facts"], stage)
     host = host_class("node", facts, stage)
@@ -462,3 +465,28 @@ def test_a_worker_whose_pin_is_another_build_of_the_version_is_refused_naming_bo
     same = [pin_fact("a" * 64, WHEEL), facts[1]]
     commands, noops = run_operation("nccl.nccl_pinned", {"path": PIN, "version": "2.30.7", "head": head}, same)
     assert commands == [] and noops == [f"{PIN} reports NCCL 2.30.7, sha256 {'a' * 12}"]
+
+
+def test_the_in_image_check_runs_with_the_lanes_compile_caches_of_that_image():
+    """The head's check mounts the lane's compile caches of the image's ID as a rank does (vLLM keeps
+    its inspection of the model's class there: done once per image, not at every check); the same
+    image and request validated before is a no-op."""
+    from sparkinfra import serving
+    from sparkinfra.node import docker, paths
+
+    image = "sparkinfra/sparkbed-lane:535aaa80523c03cf"
+    kwargs = {"lane": "sim", "image": image, "request": {"ranks": [["sparkbed/tiny-llama"]], "engine": True},
+              "docker_options": ["--network", "host"], "compile_cache": serving.compile_cache("sim")}
+    facts = [{"fact": "DockerImageId", "args": {"image": image}, "value": "sha256:fbc5617db7af" + "0" * 52},
+             {"fact": "FileDigest", "args": {"path": paths.validated_path("sim")}, "value": None}]
+    commands, _ = run_operation("lane.lane_validated", kwargs, facts)
+    folders = docker.cache_folders(serving.compile_cache("sim"), "fbc5617db7af")
+    assert folders["/root/.cache/vllm"] == f"{paths.compile_cache_root('sim')}/fbc5617db7af/vllm"
+    assert f"mkdir -p {' '.join(folders.values())}" in commands
+    [run] = [c for c in commands if c.startswith("docker run")]
+    for path, folder in folders.items():
+        assert f" -v {folder}:{path} " in run, run
+    key = run.rsplit("echo ", 1)[1].split()[0]
+    facts[1]["value"] = key
+    assert run_operation("lane.lane_validated", kwargs, facts) == ([], ["sim's arguments passed the image's vLLM"])
+
