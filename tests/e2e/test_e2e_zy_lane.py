@@ -223,6 +223,7 @@ def _restarts(bed, node="spark-1", lane="sim"):
     return int(bed.node(node, f"systemctl show -p NRestarts --value {UNIT.format(lane)}").stdout.strip() or 0)
 
 
+@pytest.mark.long  # make test-all (the port down past the liveness window, then backed-off starts: 95 s), not CI's
 def test_a_worker_cut_off_past_the_liveness_window_comes_back_without_a_converge(serving):
     """The worker's fabric port down past the bed's liveness window (two failed completions) and the
     worker's rendezvous timeout (group_data/bed.py: the cut is derived from them), then up, with no
@@ -432,6 +433,7 @@ def _mod_greeting(bed, node):
     return bed.node(node, f"docker exec {CONTAINER} cat /etc/sparkbed-mod/greeting", check=False).stdout.strip()
 
 
+@pytest.mark.long  # make test-all (a Ray lane restarted by its head's watch: 55 s), not CI's
 def test_head_watch_restarts_the_ray_lane_without_a_converge(serving):
     """A dead worker is noticed by the head's unit itself (no controller): the lane (here the Ray
     lane; the mp lane's watch is the same runner, restarted by the fabric cut above) restarts as a
@@ -772,6 +774,7 @@ REINSTALL = (  # what a re-install of spark-2 leaves (images and weights kept, a
 )
 
 
+@pytest.mark.long  # make test-all (a node re-installed and brought back: 50 s), not CI's
 def test_a_reinstalled_worker_is_named_and_brought_back_by_a_run_of_its_cluster(serving):
     """spark-2 re-installed (new host key, nothing of sparkinfra's left): a run limited to it is
     refused at once naming the head to add (not "not reachable"); with the head, preflight names the

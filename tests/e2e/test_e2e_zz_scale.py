@@ -13,6 +13,9 @@ import sparkbed as simbed
 
 DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
 
+# Four nodes (and the pulled cable on them): `make test-all`, not CI's `make test` (its 20 minutes).
+pytestmark = pytest.mark.long
+
 
 def test_two_pairs_in_one_inventory_converge_in_one_run(bed):
     bed.fresh(4)
