@@ -29,6 +29,7 @@ from .facts.reading import unproxied
 from .node.paths import PROGRAMS
 from .operations.files import file_content, render, secret_env_file
 from .operations.lane import (
+    lane_known_good,
     lane_running,
     lane_validated,
     lane_warm,
@@ -160,7 +161,7 @@ def _files(here: Here, on: ClusterLane, mine: serving.RankPlan) -> None:
 @deploy("Lane serving")
 def serving_from_head(here: Here, plan: serving.RankPlan) -> None:
     """On the head: the lane of ``plan`` (``placed``'s) enabled at boot, every rank started
-    (workers first), ready, warm."""
+    (workers first), ready, warm, then known good on every node."""
     name, digest = plan.lane, plan.digest
     service_enabled(  # starting is lane_running's: once, all ranks, workers first
         name=f"Lane {name} starts with the head at boot",
@@ -177,4 +178,10 @@ def serving_from_head(here: Here, plan: serving.RankPlan) -> None:
         name=f"Lane {name} is warm (one request per workload shape)",
         lane=name,
         digest=digest,
+    )
+    lane_known_good(
+        name=f"Lane {name}'s plan {digest} is known good on every node (kept to return to)",
+        lane=name,
+        digest=digest,
+        keep=here.cluster.config.known_good_keep,
     )

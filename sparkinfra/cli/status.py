@@ -68,7 +68,7 @@ def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
                  "started": f"{paths.MARKS_DIR}/{lane_name}.started",
                  "history": paths.history_path(lane_name)}
     return json.dumps({
-        "lane": files, "container": config.container_name, "image": image,
+        "lane": files, "known_good": paths.KNOWN_GOOD, "container": config.container_name, "image": image,
         "interface": cluster.fabric.interface, "nccl_env": NCCL_ENV_FILE, "repos": repos,
         "pin": config.nccl_library, "pin_record": NCCL_PIN_RECORD, "identity_script": NCCL_IDENTITY,
         "snapshot_tool": base64.b64encode(transfer.tool_source().encode()).decode() if repos else "",
@@ -255,6 +255,7 @@ def cluster_status(reached: remote.Reached) -> dict:
         "cluster": cluster.name, "lane": want.lane.name if want.lane else None, "digest": want.digest or None,
         "serving": not found and want.lane is not None, "ok": not found, "problems": found,
         "api": api, "nodes": nodes, "history": (head.get("history") or [])[-HISTORY_SHOWN:],
+        "known_good": head.get("known_good") or [],  # the head's sets, oldest first (each node keeps the same)
         # what is staged and served: each model at the commit the site's data or its lock pins
         "models": [{"repo": repo, "revision": revision, "locked": revision in locked}
                    for repo, revision in transfer.models(cluster)],
@@ -318,6 +319,11 @@ def text(status: dict) -> str:
         for event in status["history"]:
             extra = f" after {event['seconds']:.0f}s" if event.get("seconds") is not None else ""
             lines.append(f"    {when(event.get('at'))}  {event.get('event', '?'):5}  {event.get('why', '')}{extra}")
+    if status.get("known_good"):
+        lines.append("  known good (kept on every node to return to, newest last):")
+        for kept in status["known_good"]:
+            lines.append(f"    #{kept['number']}  {when(kept.get('at'))}  lane {kept['lane']}, plan {kept['digest']}, "
+                         f"image {kept['image']}: {kept.get('why', '')}")
     for problem in status["problems"]:
         lines.append(f"  - {problem}")
     return "\n".join(lines)

@@ -112,6 +112,8 @@ class LaneStatus(FactBase):
             "history": [{"event": "start", "why": "a converge: ...", "at": 1764999000.0}, ...],
                                           # the head's last 5 starts, readies and stops (head only)
             "failures": None,             # the head's count of failures in a row (with probe)
+            "known": [{"number": 1, "lane": "sim", "digest": "9f2c...", "image": "...", "at": 1764999000.0,
+                       "why": "..."}],        # the head's known good sets, oldest first (``lane_known``)
         }
 
     + lane: the lane's name

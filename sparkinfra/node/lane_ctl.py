@@ -30,13 +30,27 @@ module of its concern (``lane_io``, ``lane_history``, ``lane_rank``, ``lane_watc
                                   stop asked for clears the count; the stop recorded in the history
     lane_ctl restart PLAN WHY  head: restart the lane's unit for a converge, WHY kept as the reason
                                   of the stop and of the start; systemctl's exit status
-    lane_ctl history PLAN [N]  head: the last N (20) starts, readies and stops, one JSON line each
+    lane_ctl rollout PLAN TIMEOUT WHY
+                                  head: a converge's start (``restart``, then ``wait-ready``); a start that
+                                  fails or is not ready in TIMEOUT seconds: every rank's journal kept in
+                                  /var/lib/sparkinfra/failed-starts/, the lane stopped, the newest known
+                                  good set of another plan restored on every node and started; exit 1
+    lane_ctl restore PLAN N    this node: known good set N's files put back (the head runs it on workers)
+    lane_ctl history PLAN [N]  head: the last N (20) starts, readies, stops, promotions and rollbacks, one JSON line each
+    lane_ctl promote PLAN KEEP WHY
+                                  head: the lane as it runs becomes the next known good set on every
+                                  node (workers first; ``lane_known``), the newest KEEP sets kept;
+                                  WHY goes to the set and the history; a lane already the newest set
+                                  is left as it is
+    lane_ctl keep PLAN N KEEP WHY
+                                  this node's rank kept as known good set N (the head runs it on workers)
+    lane_ctl known PLAN        JSON: the known good sets kept on this node, oldest first
     lane_ctl stop PLAN         worker: stop this rank's unit; prints ``stopped`` or what it was
     lane_ctl clean PLAN        ExecStartPre, every rank: remove the stale /dev/shm/psm_* segments a
                                   crashed container left, drop the page cache
     lane_ctl status PLAN       JSON: units, container, started digest, workers, API, the head's last
-                                  5 events; {} when the lane is not placed (--local: this node only,
-                                  no workers, no API request)
+                                  5 events and its known good sets; {} when the lane is not placed
+                                  (--local: this node only, no workers, no API request)
     lane_ctl wait-ready PLAN [TIMEOUT]
                                   head: port open -> /health 200 -> a completion returns tokens; says
                                   the start's phase, read from vLLM's lines in the unit's journal
@@ -68,7 +82,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import lane_history, lane_io, lane_rank, lane_trial, lane_watch
+from . import lane_history, lane_io, lane_known, lane_rank, lane_trial, lane_watch
 from .plan import RunnerPlan
 
 
@@ -183,6 +197,20 @@ def cmd_restart(path: str, why: str) -> int:
     return done.returncode
 
 
+def cmd_rollout(path: str, timeout: float, why: str) -> int:
+    """
+    A converge's start of the lane's plan on the head: ``restart`` with ``why``, then ``wait-ready``.
+    A start that fails or does not get ready within ``timeout`` is rolled back (``lane_known.roll_back``).
+    0: the new plan serves; 1: it does not (whether the rollback served or not).
+    """
+    def start(plan: str, reason: str) -> bool:
+        return cmd_restart(plan, reason) == 0 and cmd_wait_ready(plan, timeout) == 0
+
+    if start(path, why):
+        return 0
+    return lane_known.roll_back(lane_io.plan(path), path, start)
+
+
 def cmd_history(path: str, count: int = 20) -> int:
     """The head's last ``count`` events, one JSON object a line (nothing on a worker)."""
     if Path(path).exists():
@@ -253,6 +281,7 @@ def cmd_status(path: str, probe: bool = True) -> int:
     status["api_key"] = None if not stamp else "current" if lane_io.key_stamp(p, stamp["key"]) == stamp else "changed"
     if p.rank == 0:
         status["history"] = lane_history.events(p, 5)
+        status["known"] = [{k: m[k] for k in ("number", "lane", "digest", "image", "at", "why")} for m in lane_known.entries()]
     if p.rank == 0 and probe:
         status["workers"] = {w.ip: lane_io.unit_state_remote(w.ip, p) for w in p.workers}
         status["failures"] = lane_history.failures(p) or None
@@ -339,6 +368,19 @@ def main(argv: list[str]) -> int:
         return cmd_restart(path, argv[2])
     if command == "history" and (len(argv) == 2 or (len(argv) == 3 and argv[2].isdigit())):
         return cmd_history(path, int(argv[2]) if len(argv) == 3 else 20)
+    if command == "promote" and len(argv) == 4 and argv[2].isdigit():
+        return lane_known.promote(lane_io.plan(path), path, argv[3], int(argv[2]))
+    if command == "keep" and len(argv) == 5 and argv[2].isdigit() and argv[3].isdigit():
+        lane_known.keep(lane_io.plan(path), int(argv[2]), argv[4], int(argv[3]))
+        return 0
+    if command == "rollout" and len(argv) == 4:
+        return cmd_rollout(path, float(argv[2]), argv[3])
+    if command == "restore" and len(argv) == 3 and argv[2].isdigit():
+        lane_known.restore(int(argv[2]))
+        return 0
+    if command == "known":
+        print(json.dumps(lane_known.entries()))
+        return 0
     if command == "status":
         return cmd_status(path, probe="--local" not in argv[2:])
     if command == "wait-ready":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -67,10 +68,12 @@ SSH_FAILED = 255  # ssh's own status: the command did not run there (no route, r
 
 
 def on_worker(ip: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run a command as root on a worker over the head's fabric SSH mesh; a worker that does not
-    answer within ``timeout`` ends as ssh's own failure (``SSH_FAILED``), never as an exception."""
+    """Run a command (an argv: each argument quoted for the worker's shell, which ssh hands one line) as
+    root on a worker over the head's fabric SSH mesh; a worker that does not answer within ``timeout``
+    ends as ssh's own failure (``SSH_FAILED``), never as an exception."""
     try:
-        return sh("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", ip, "sudo", "-n", *args, timeout=timeout)
+        return sh("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", ip, "sudo", "-n", *map(shlex.quote, args),
+                  timeout=timeout)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(args, SSH_FAILED, "", f"ssh {ip}: no answer within {timeout:.0f}s")
 

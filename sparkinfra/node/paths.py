@@ -50,6 +50,12 @@ COMPILE_CACHES = {
 }
 CHECK_CONTAINER = "sparkinfra-vllm-check"  # the head's throwaway container of the in-image vLLM check
 
+# Known good: each lane set that served, kept on every node to return to (``KNOWN_GOOD/<n>/``: the
+# rank's placed files as they were, mirrored under ``files/``, and ``meta.json``), root-only.
+KNOWN_GOOD = f"{VAR}/known-good"
+# A start that failed and was rolled back: every rank's journal of it (``FAILED_STARTS/<lane>-<when>/``).
+FAILED_STARTS = f"{VAR}/failed-starts"
+
 # Staging, images, the converge lock
 IMAGES_DIR = f"{VAR}/images"  # image recipes' build folders on the head
 MANIFEST = ".sparkinfra-manifest.json"  # a snapshot's manifest, in its folder of the model dir
@@ -75,7 +81,7 @@ MESH_CONFIG_MARKER = "# {mark} sparkinfra fabric mesh"
 # Where earlier versions placed the node programs one file at a time (a full teardown removes them too).
 OLD_PROGRAMS = tuple(f"/usr/local/lib/sparkinfra/{name}" for name in (
     "lane_ctl.py", "container_check.py", "nccl_identity.py", "nccl_fetch.py", "apply_mods.sh"))
-FULL_TEARDOWN_FOLDERS = (PLANS_DIR, PROGRAMS, MODS_DIR, MARKS_DIR, STATE_DIR)
+FULL_TEARDOWN_FOLDERS = (PLANS_DIR, PROGRAMS, MODS_DIR, MARKS_DIR, STATE_DIR, KNOWN_GOOD, FAILED_STARTS)
 FULL_TEARDOWN_FILES = (NCCL_ENV_FILE, *OLD_PROGRAMS)
 
 
@@ -155,6 +161,16 @@ def lane_paths(lane: str) -> list[str]:
     files, the head's validation marks and restart history, its mods, its runtime marks (what goes
     when it is not the cluster's lane any more)."""
     return [f"{folder}/{prefix}{lane}{suffix}" for folder, prefix, suffix in LANE_PLACES]
+
+
+def lane_set_paths(lane: str) -> list[str]:
+    """The files and folder that reproduce a node's rank of a lane, as a converge placed them: its
+    unit, plan, env files and mods (what a known good set keeps; not the head's marks or history)."""
+    return lane_paths(lane)[:4] + [f"{MODS_DIR}/{lane}"]
+
+
+def known_good_dir(number: int) -> str:
+    return f"{KNOWN_GOOD}/{number}"
 
 
 def lane_of_path(path: str) -> str | None:

@@ -185,8 +185,10 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     """
     Ensure the lane serves: its units active on every node, started from the current plan (digest),
     and the head's API completing a request. Otherwise the whole lane restarts (workers first,
-    from the head's unit; ``lane_ctl.py restart`` keeps the reasons in the head's restart history)
+    from the head's unit; ``lane_ctl rollout`` keeps the reasons in the head's restart history)
     and this waits until a completion returns tokens, its phases printed as they come (``shown``).
+    A start that fails or is not ready in time is rolled back by the runner to the newest known good
+    set of another plan, which it starts; the operation then fails, naming both and the kept logs.
 
     + lane: the lane's name (this runs on its head)
     + digest: the plan every rank must run (``serving.lane_digest``)
@@ -195,6 +197,11 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     status = host.get_fact(LaneStatus, lane=lane) or {}
     unit = paths.unit_name(lane)
     wait = serving.runner(lane, "wait-ready", str(ready_timeout))  # its lines: the start's phases
+
+    def rollout(why: str) -> StringCommand:
+        """The start, waited for; a failed one rolled back to the newest known good set (``lane_ctl rollout``)."""
+        return serving.runner(lane, "rollout", str(ready_timeout), why)
+
     age = status.get("age")
     starting = (
         status.get("unit") in ("active", "activating") and status.get("started") == digest
@@ -207,8 +214,7 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
         # Already (re)starting on its own (its unit restarts the lane when a rank dies): wait for it,
         # restarting it only if it does not become ready.
         logger.info(f"    [{host.name}] {unit} is starting ({age}s ago): waiting for it")
-        again = serving.runner(lane, "restart", "it did not become ready")
-        yield shown(StringCommand(wait, "||", "(", again, "&&", wait, ")"))
+        yield shown(StringCommand(wait, "||", rollout("it did not become ready")))
         return
     reasons = []
     if status.get("unit") != "active":
@@ -230,8 +236,7 @@ def lane_running(lane: str, digest: str, ready_timeout: int):
     logger.info(f"    [{host.name}] {unit} restarts (with its workers): {'; '.join(reasons)}")
     # A converge is a deliberate start: it does not wait out the back-off of earlier failures.
     yield StringCommand("rm", "-f", paths.failures_path(lane))
-    yield serving.runner(lane, "restart", "; ".join(reasons))  # the reasons go to the head's restart history
-    yield shown(wait)
+    yield shown(rollout("; ".join(reasons)))  # the reasons go to the head's restart history
 
 
 @operation()
@@ -248,3 +253,22 @@ def lane_warm(lane: str, digest: str):
         host.noop(f"lane {lane} is warm")
         return
     yield serving.runner(lane, "warmup")
+
+
+@operation()
+def lane_known_good(lane: str, digest: str, keep: int):
+    """
+    Ensure the lane, serving and warm on plan ``digest``, is the newest known good set on every node
+    (``lane_ctl promote``: each node keeps its rank's placed files, to return to); the newest ``keep``
+    sets stay. A lane that does not serve that plan is not promoted (the runner refuses it).
+
+    + lane: the lane's name (this runs on its head)
+    + digest: the plan the lane runs
+    + keep: how many known good sets each node keeps
+    """
+    status = host.get_fact(LaneStatus, lane=lane, probe=False) or {}
+    known = status.get("known") or []
+    if known and known[-1]["lane"] == lane and known[-1]["digest"] == digest:
+        host.noop(f"lane {lane}'s plan {digest} is known good #{known[-1]['number']}")
+        return
+    yield serving.runner(lane, "promote", str(keep), "it served and was warm after a converge")

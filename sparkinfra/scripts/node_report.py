@@ -179,6 +179,19 @@ def history(path: str, count: int = 10) -> list[dict]:
     return events
 
 
+def known_good(folder: str) -> list[dict]:
+    """The known good sets kept in ``folder`` (``<n>/meta.json`` each), oldest first."""
+    found = []
+    for meta in Path(folder).glob("*/meta.json") if folder else []:
+        try:
+            entry = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("number"), int):
+            found.append({k: entry.get(k) for k in ("number", "lane", "digest", "image", "at", "why")})
+    return sorted(found, key=lambda e: e["number"])
+
+
 def nccl_lines(invocation: str) -> list[str]:
     """NCCL's start-up lines in the lane's journal of its current start."""
     if not invocation:
@@ -220,6 +233,7 @@ def report(query: dict) -> dict:
         "live_nccl": live(query, box),
         "nccl_lines": nccl_lines(state.get("invocation", "")),
         "history": history(lane["history"]) if lane.get("history") else [],
+        "known_good": known_good(query.get("known_good", "")),
         "docker": bool(sh("docker", "version", "-f", "{{.Server.Version}}")),
     }
 

@@ -239,6 +239,10 @@ class HostSettings(BaseModel):
         60, ge=10, description="Seconds a worker rank runs on once rank 0's rendezvous port stopped "
         "answering; then it stops itself, so no worker outlives its lane."
     )
+    known_good_keep: int = Field(
+        2, ge=1, description="Known good sets (a lane that served, every file that reproduces it) each node "
+        "keeps, the newest first: 2 keeps the one before the current to return to."
+    )
     page_cache_dropper: int = Field(
         5, ge=0, description="While a lane's weights load, every node drops its page cache this often "
         "(seconds) until the API answers (seed 001: the load thrashes below 2 GB free); 0: off. Never "

@@ -114,6 +114,17 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
         assert re.search(rf"^\[{node}\] {said}$", first.stderr, re.M), (node, said, progress)
     worker = json.loads(bed.node("spark-2", f"docker inspect {CONTAINER}").stdout)[0]
     assert "--headless" in worker["Config"]["Cmd"] and "--node-rank" in worker["Config"]["Cmd"]
+    # Served and warm: known good #1 on every node (issue 40), each node's own placed files kept.
+    assert any("plan" in op and "is known good on every node" in op for op in head_ops), head_ops
+    digest = json.loads(bed.node("spark-1", "cat /etc/sparkinfra/lanes/sim.json").stdout)["digest"]
+    for node, rank in (("spark-1", 0), ("spark-2", 1)):
+        meta = json.loads(bed.node(node, "cat /var/lib/sparkinfra/known-good/1/meta.json").stdout)
+        assert (meta["lane"], meta["digest"], meta["rank"]) == ("sim", digest, rank), meta
+        assert "/etc/sparkinfra/lanes/sim.json" in meta["files"] and "/etc/sparkinfra/lanes/sim.env" in meta["files"]
+        kept = bed.node(node, "cmp /etc/sparkinfra/lanes/sim.json "
+                              "/var/lib/sparkinfra/known-good/1/files/etc/sparkinfra/lanes/sim.json", check=False)
+        assert kept.returncode == 0, (node, kept.stdout)
+        assert bed.node(node, "stat -c %a /var/lib/sparkinfra/known-good").stdout.strip() == "700"
     logs = bed.node("spark-2", f"docker logs {CONTAINER} 2>&1").stdout
     assert "world_size=2 rank=1" in logs, logs[-2000:]
     stopped = r"page-cache dropper: stopped after \d+s and [1-9]\d* drops: the lane is ready"
@@ -188,6 +199,8 @@ def test_status_shows_both_ranks_serving_and_its_json_round_trips(serving):
     assert all(n["image_matches_head"] and n["started"] == cluster["digest"] for n in cluster["nodes"])
     assert cluster["history"] and cluster["history"][-1]["event"] in ("ready", "start"), cluster["history"]
     assert any(e["why"].startswith("a converge") for e in cluster["history"] if e["event"] == "start"), cluster["history"]
+    assert [(k["number"], k["lane"], k["digest"]) for k in cluster["known_good"]] == [(1, "sim", cluster["digest"])]
+    assert re.search(rf"^    #1  \S+ \S+  lane sim, plan {cluster['digest']}, image \S+: it served", out, re.M), out
 
 
 def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
@@ -419,6 +432,10 @@ def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
         assert _mod_greeting(bed, node) == GREETING.read_text().strip()
     result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")
     assert result.returncode == 0, result.output[-4000:]
+    for node in ("spark-1", "spark-2"):  # sim-b is known good #2; sim's #1 stays, to return to
+        known = [json.loads(bed.node(node, f"cat /var/lib/sparkinfra/known-good/{n}/meta.json").stdout)["lane"]
+                 for n in (1, 2)]
+        assert known == ["sim", "sim-b"], (node, known)
 
 
 GREETING = Path(__file__).resolve().parents[2] / "mods/sparkbed-hello/greeting"
@@ -686,6 +703,7 @@ def test_teardown_stops_every_lane_and_keeps_image_and_weights(serving):
         assert _active(bed, node, "sim") == "inactive"
         assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
         assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
+        assert bed.node(node, "ls /var/lib/sparkinfra/known-good/*/meta.json").stdout.strip(), node  # kept
     again = bed.converge(INV, "deploys/teardown.py")
     assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
     shown = _operator(bed, "status")
@@ -711,6 +729,7 @@ FULLY_GONE = (  # what a full teardown removes from every node
     "/run/sparkbed/gpu-locked-clocks",  # the bed's stand-in: reset by the unit's stop
     "/run/sparkinfra/lanes",
     "/var/lib/sparkinfra/lanes",
+    "/var/lib/sparkinfra/known-good",
     "/etc/netplan/60-sparkinfra-fabric.yaml",
     "/root/.ssh/sparkinfra_fabric",
     "/root/.ssh/sparkinfra_fabric.pub",

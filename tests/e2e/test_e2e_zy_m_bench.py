@@ -91,6 +91,37 @@ def test_two_runs_compare(serving, results):
     assert "pp64/tg16 @ d0 (c1)" in out.stdout
 
 
+def test_a_lane_whose_start_fails_is_rolled_back_to_the_known_good_one(serving):
+    """A switch to lane sim-long, whose KV setting is deliberately bad (1 GiB for a 2.5M-token context):
+    vLLM in its image accepts the arguments, the start fails at vLLM's KV check, and the head's runner
+    puts lane sim's known good set back on every node and starts it (issue 40). The converge exits 1
+    naming the failure, the set and where every rank's journal of the failed start is kept; sim serves;
+    the next converge for sim restarts nothing."""
+    bed = serving
+    run = bed.converge(INV, "deploys/serve.py", "lane=sim-long", check=False)
+    said = run.stderr + str(run.results)
+    assert run.returncode != 0, said[-4000:]
+    back = re.search(r"lane sim-long: plan \w+ did not start \(([^)]*)\): rolled back to known good #(\d+), "
+                     r"lane sim plan (\w+), which serves again; every rank's journal of the failed start: (\S+)", said)
+    assert back, said[-4000:]
+    logs = back[4]
+    assert "To serve at least one request" in bed.node("spark-1", f"cat {logs}/rank0.log").stdout
+    assert bed.node("spark-1", f"ls {logs}").stdout.split() == ["rank0.log", "rank1.log"]
+    for node in ("spark-1", "spark-2"):
+        units = bed.node(node, "systemctl is-active sparkinfra-lane-sim.service sparkinfra-lane-sim-long.service",
+                         check=False).stdout.split()
+        assert units == ["active", "inactive"], (node, units)
+        plan = json.loads(bed.node(node, "cat /etc/sparkinfra/lanes/sim.json").stdout)
+        assert plan["digest"] == back[3], node
+    enabled = bed.node("spark-1", "systemctl is-enabled sparkinfra-lane-sim-long.service", check=False).stdout.strip()
+    assert enabled != "enabled", "the failed lane would start at the next boot"
+    status = json.loads(bed.controller(sys.executable, "-m", "sparkinfra", "status", INV, "--json").stdout)
+    history = status["clusters"][0]["history"]
+    assert any(e["event"] == "rollback" and e["number"] == int(back[2]) for e in history), history
+    again = bed.converge(INV, "deploys/serve.py")  # the site's lane is sim again: it serves as it is
+    assert not any("serves on every node" in op for op in again.changed["spark-1"]), again.changed
+
+
 def test_tune_brackets_the_cpu_kv_cache_from_a_bad_start(serving, results):
     bed = serving
     args = [str(BIN / "pyinfra"), "-y", INV, "deploys/tune.py", "--data", "lane=sim-long",

@@ -339,32 +339,32 @@ SERVING = {"unit": "active", "started": "d1", "age": 5000, "api": "ok", "workers
 
 def test_a_lane_restarts_through_its_runner_with_the_reasons_then_its_start_is_shown():
     commands, _ = _lane_running({**SERVING, "started": "d0", "api_key": "changed"})
-    assert [rendered(c) for c in commands[:2]] == [
-        "rm -f /run/sparkinfra/lanes/sim.failures",
-        f"{LANE_CTL} restart /etc/sparkinfra/lanes/sim.json 'its plan changed'",
-    ]
-    assert len(commands) == 3 and rendered(commands[2]) == f"FunctionCommand(shown(StringCommand({WAIT})), (), {{}})"
+    """The start goes through ``lane_ctl rollout`` (restart, wait until ready; a failed start rolled
+    back to the newest known good set), its lines shown as they come."""
+    commands, _ = _lane_running({**SERVING, "started": "d0", "api_key": "changed"})
+    assert len(commands) == 2 and rendered(commands[0]) == "rm -f /run/sparkinfra/lanes/sim.failures"
+    assert rendered(commands[1]) == (
+        f"FunctionCommand(shown(StringCommand({LANE_CTL} rollout /etc/sparkinfra/lanes/sim.json 900 "
+        "'its plan changed')), (), {})")
     commands, _ = _lane_running({**SERVING, "workers": {"10.0.0.2": "failed", "10.0.0.3": "inactive"}})
-    assert rendered(commands[1]) == (f"{LANE_CTL} restart /etc/sparkinfra/lanes/sim.json "
-                                     "'workers not running: 10.0.0.2 (failed), 10.0.0.3 (inactive)'")
+    assert commands[1].command.get_raw_value() == (f"{LANE_CTL} rollout /etc/sparkinfra/lanes/sim.json 900 "
+                                                   "'workers not running: 10.0.0.2 (failed), 10.0.0.3 (inactive)'")
 
 
 def test_a_lane_already_starting_is_waited_for_then_restarted_if_it_never_serves():
     commands, _ = _lane_running({**SERVING, "unit": "activating", "age": 30, "api": "down"})
     assert len(commands) == 1
     assert rendered(commands[0]) == (
-        f"FunctionCommand(shown(StringCommand({WAIT} || ( {LANE_CTL} restart /etc/sparkinfra/lanes/sim.json "
-        f"'it did not become ready' && {WAIT} ))), (), {{}})")
+        f"FunctionCommand(shown(StringCommand({WAIT} || {LANE_CTL} rollout /etc/sparkinfra/lanes/sim.json 900 "
+        "'it did not become ready')), (), {})")
 
 
 def test_a_young_lane_whose_api_key_changed_restarts_at_once_not_waited_for():
     """Rotated soon after a start: the running lane refuses the head's new key (401), which is not a
     lane still starting; waiting would last until its watch restarted it, or ready_timeout."""
     commands, _ = _lane_running({**SERVING, "age": 30, "api": "HTTP 401: Unauthorized", "api_key": "changed"})
-    assert [rendered(c) for c in commands[:2]] == [
-        "rm -f /run/sparkinfra/lanes/sim.failures",
-        f"{LANE_CTL} restart /etc/sparkinfra/lanes/sim.json 'its API key changed'",
-    ]
+    assert rendered(commands[0]) == "rm -f /run/sparkinfra/lanes/sim.failures"
+    assert commands[1].command.get_raw_value() == f"{LANE_CTL} rollout /etc/sparkinfra/lanes/sim.json 900 'its API key changed'"
 
 
 def test_a_serving_lane_is_left_alone():
@@ -380,8 +380,9 @@ def test_the_wait_runs_as_the_operation_would_with_its_lines_printed():
             ran.append((rendered(command), kwargs))
             return True, None
 
-    assert commands[2].function(SimpleNamespace(print_input=False), Node()) is True
-    assert ran == [(WAIT, {"print_output": True, "print_input": False, "_sudo": True})]  # (the retries are the op's)
+    assert commands[1].function(SimpleNamespace(print_input=False), Node()) is True
+    rollout = f"{LANE_CTL} rollout /etc/sparkinfra/lanes/sim.json 900 'its unit is failed'"
+    assert ran == [(rollout, {"print_output": True, "print_input": False, "_sudo": True})]  # (the retries are the op's)
 
 
 # The NCCL pin: fetched once by the head, shared to the workers, the same bytes on every node
@@ -490,3 +491,21 @@ def test_the_in_image_check_runs_with_the_lanes_compile_caches_of_that_image():
     facts[1]["value"] = key
     assert run_operation("lane.lane_validated", kwargs, facts) == ([], ["sim's arguments passed the image's vLLM"])
 
+
+
+def test_a_serving_lane_is_promoted_once_then_known_good_is_a_noop():
+    """After the lane serves and is warm: promoted unless the head's newest set is this lane and plan."""
+    def status(known):
+        return [{"fact": "LaneStatus", "args": {"lane": "sim", "probe": False}, "value": {"known": known}}]
+
+    kwargs = {"lane": "sim", "digest": "d2", "keep": 2}
+    promote = "python3 /usr/local/lib/sparkinfra/node lane_ctl promote /etc/sparkinfra/lanes/sim.json 2 " \
+              "'it served and was warm after a converge'"
+    assert run_operation("lane.lane_known_good", kwargs, status([])) == ([promote], [])
+    older = {"number": 1, "lane": "sim", "digest": "d1"}
+    assert run_operation("lane.lane_known_good", kwargs, status([older]))[0] == [promote]
+    other = {"number": 2, "lane": "sim-b", "digest": "d2"}  # the same digest of another lane is not this one
+    assert run_operation("lane.lane_known_good", kwargs, status([older, other]))[0] == [promote]
+    newest = {"number": 2, "lane": "sim", "digest": "d2"}
+    assert run_operation("lane.lane_known_good", kwargs, status([older, newest])) == (
+        [], ["lane sim's plan d2 is known good #2"])

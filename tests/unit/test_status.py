@@ -113,6 +113,7 @@ def _report(sim, rank: int, **over) -> dict:
                                      "path": "/opt/nccl/lib/libnccl.so.2", "sha256": PIN_SHA, "build_id": "b" * 40}]},
         "nccl_lines": ["NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE", NCCL_LINE],
         "history": copy.deepcopy(HISTORY) if rank == 0 else [],
+        "known_good": [],
         "docker": True,
     }
     found.update(over)
@@ -258,7 +259,7 @@ def _idle(rank: int, **over) -> dict:
     found = {"unit": {"loaded": False}, "other_units": [], "plan": None, "started": None, "container": None,
              "image_id": None, "manifests": {}, "fabric": {"present": True, "operstate": "up", "carrier": True,
                                                            "mtu": 4200, "addresses": []},
-             "gid_index": None, "nccl_lines": [], "history": [], "docker": True}
+             "gid_index": None, "nccl_lines": [], "history": [], "known_good": [], "docker": True}
     found.update(over)
     return found
 
@@ -768,3 +769,18 @@ def test_a_report_of_a_node_without_a_lane(node_report, tmp_path, sim):
     assert found["unit"] == {"loaded": False} and found["plan"] is None and found["started"] is None
     assert found["history"] == [] and found["manifests"] == {} and found["fabric"] == {"present": False}
     assert status.node_view(sim.cluster.head, found, found, status.Expected(None))["unit"] == "absent"
+
+
+def test_the_known_good_sets_are_read_from_their_metas_oldest_first(node_report, tmp_path):
+    for number, lane in ((2, "sim-b"), (1, "sim")):
+        (tmp_path / str(number)).mkdir()
+        meta = {"number": number, "lane": lane, "digest": f"d{number}", "image": "img", "at": 1.0, "why": "it served",
+                "files": ["/etc/sparkinfra/lanes/sim.json"], "rank": 0}
+        (tmp_path / str(number) / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / ".3.tmp").mkdir()  # a set being written: no meta yet
+    (tmp_path / "4").mkdir()
+    (tmp_path / "4" / "meta.json").write_text("{")  # cut off
+    found = node_report.known_good(str(tmp_path))
+    assert [(k["number"], k["lane"]) for k in found] == [(1, "sim"), (2, "sim-b")]
+    assert set(found[0]) == {"number", "lane", "digest", "image", "at", "why"}
+    assert node_report.known_good(str(tmp_path / "none")) == [] and node_report.known_good("") == []

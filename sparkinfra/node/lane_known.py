@@ -1,0 +1,195 @@
+"""
+A lane's known good sets (stdlib only). The head promotes a lane that served: every node keeps its
+rank's placed files as they were then (``paths.lane_set_paths``: unit, plan, env files, mods) under
+``KNOWN_GOOD/<n>/files/`` (their paths mirrored), with ``meta.json``: what ran (lane, plan digest,
+image and its ID, mods) and when and why it was promoted. The newest ``keep`` sets stay, so the one
+before the current is there to return to: a start that fails is rolled back to it (``roll_back``,
+run by ``lane_ctl rollout``), every rank's journal of the failed start kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import lane_history, lane_io, paths
+from .plan import RunnerPlan
+
+ROOT = paths.KNOWN_GOOD
+META = "meta.json"
+
+
+def entries(root: str | None = None) -> list[dict]:
+    """Every known good set kept on this node, oldest first (a set without a readable meta is skipped)."""
+    found = []
+    for folder in Path(root or ROOT).glob("*"):
+        if not folder.name.isdigit():
+            continue  # a set being written (``.N.tmp``)
+        try:
+            meta = json.loads((folder / META).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("number") == int(folder.name):
+            found.append(meta)
+    return sorted(found, key=lambda m: m["number"])
+
+
+def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | None = None,
+         root: str | None = None) -> dict:
+    """
+    Keep this node's rank of ``p`` as known good set ``number``: each of ``sources`` (the lane's
+    placed files, ``paths.lane_set_paths``) that exists, copied under ``<number>/files/`` with its
+    path, and ``meta.json``; written beside, then renamed into place. Then only the newest ``count``
+    sets stay. The set's meta.
+    """
+    base = Path(root or ROOT)
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o700)  # the sets hold the lanes' env files (and the head's API key file)
+    folder, temp = base / str(number), base / f".{number}.tmp"
+    shutil.rmtree(temp, ignore_errors=True)
+    (temp / "files").mkdir(parents=True)
+    kept = []
+    for source in sources if sources is not None else paths.lane_set_paths(p.lane):
+        src = Path(source)
+        if not src.exists():
+            continue
+        dest = temp / "files" / source.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest, symlinks=True)
+        else:
+            shutil.copy2(src, dest)
+        kept.append(source)
+    meta = {
+        "number": number, "lane": p.lane, "digest": p.digest, "rank": p.rank, "image": p.image,
+        "image_id": lane_io.image_id(p.image), "mods": [{"name": m.name, "sha256": m.sha256} for m in p.mods],
+        "at": round(time.time(), 1), "why": why[:500], "files": kept,
+    }
+    (temp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(temp, folder)
+    for old in [m["number"] for m in entries(str(base))][:-count]:
+        shutil.rmtree(base / str(old), ignore_errors=True)
+    return meta
+
+
+def promote(p: RunnerPlan, path: str, why: str, count: int) -> int:
+    """
+    The head: the lane as it runs now (``p``, the plan at ``path`` on every node) becomes the next
+    known good set, kept by every worker first, then here; the promotion goes to the history. A
+    lane already the newest set is left as it is. The exit status.
+    """
+    started = lane_io.mark(p, "started")
+    running = json.loads(started.read_text()).get("digest") if started.exists() else None
+    serving, detail = lane_io.completion(p, timeout=60) if running == p.digest else (False, "")
+    if not serving:
+        print(f"lane {p.lane}: not promoted: it does not serve plan {p.digest} "
+              f"({'it runs ' + str(running) if running != p.digest else detail})", file=sys.stderr, flush=True)
+        return 1
+    known = entries()
+    if known and known[-1]["lane"] == p.lane and known[-1]["digest"] == p.digest:
+        print(f"lane {p.lane}: plan {p.digest} is known good #{known[-1]['number']} already", flush=True)
+        return 0
+    number = known[-1]["number"] + 1 if known else 1
+    # A set is known good once every node holds it: the workers first, at once.
+    outs = lane_io.on_workers(p.workers, *lane_io.here("keep", path, str(number), str(count), why), timeout=120)
+    failed = [(w, out) for w, out in zip(p.workers, outs) if out.returncode != 0]
+    for worker, out in failed:
+        why_not = lane_io.ssh_error(out) if not lane_io.reached(out) else out.stderr.strip()[-300:]
+        lane_io.say(f"rank {worker.rank} on {worker.ip} did not keep known good #{number}: {why_not}")
+    if failed:
+        return 1
+    meta = keep(p, number, why, count)
+    lane_history.record(p, "promote", why, number=number)
+    print(f"lane {p.lane}: plan {p.digest} (image {meta['image']}) is known good #{number} on every node: {why}",
+          flush=True)
+    return 0
+
+
+FAILED_KEPT = 5  # the newest failed starts' logs kept
+
+
+def restore(number: int, root: str | None = None) -> dict:
+    """Put known good set ``number``'s files back where they were on this node (folders replaced
+    whole), then have systemd read the units again. The set's meta."""
+    folder = Path(root or ROOT) / str(number)
+    meta = json.loads((folder / META).read_text())
+    for dest in meta["files"]:
+        src, target = folder / "files" / dest.lstrip("/"), Path(dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(src, target, symlinks=True)
+        else:
+            shutil.copy2(src, target)
+    lane_io.sh("systemctl", "daemon-reload")
+    return meta
+
+
+def keep_failed_logs(p: RunnerPlan, root: str | None = None) -> Path:
+    """Every rank's journal of the lane's last start (the head's unit and each worker's), in a new
+    root-only folder; the newest ``FAILED_KEPT`` such folders stay."""
+    base = Path(root or paths.FAILED_STARTS)
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o700)
+    folder = base / f"{p.lane}-{time.strftime('%Y%m%dT%H%M%S')}"
+    folder.mkdir(exist_ok=True)
+    journal = ("journalctl", "-u", p.unit, "-n", "400", "--no-pager", "-o", "short-precise")
+    (folder / "rank0.log").write_text(lane_io.sh(*journal).stdout)
+    for worker, out in zip(p.workers, lane_io.on_workers(p.workers, *journal)):
+        (folder / f"rank{worker.rank}.log").write_text(out.stdout or lane_io.ssh_error(out))
+    for old in sorted(d for d in base.iterdir() if d.is_dir() and d.name.startswith(f"{p.lane}-"))[:-FAILED_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def rollback_target(p: RunnerPlan) -> dict | None:
+    """The newest known good set that is not ``p`` itself (its lane and plan): what a failed start returns to."""
+    return next((m for m in reversed(entries()) if (m["lane"], m["digest"]) != (p.lane, p.digest)), None)
+
+
+def roll_back(p: RunnerPlan, path: str, start: Callable[[str, str], bool]) -> int:
+    """After lane ``p``'s start failed (its plan at ``path``): every rank's journal of it kept, the lane
+    stopped (and, when the set is another lane, disabled) on every node, the newest known good set of
+    another plan restored on every node (workers first) and started with ``start(plan, why)`` (True:
+    it serves); says what failed, what serves now and where the logs are. Always 1: the converge did
+    not bring what it was asked for."""
+    failed = next((e["why"] for e in reversed(lane_history.events(p, 20)) if e.get("event") == "stop"
+                   and e.get("failed")), "it did not get ready")
+    logs = keep_failed_logs(p)
+    target = rollback_target(p)
+    if target is None:
+        print(f"lane {p.lane}: plan {p.digest} did not start ({failed}); no known good set to return to; "
+              f"every rank's journal of the start: {logs}", file=sys.stderr, flush=True)
+        return 1
+    number, lane = target["number"], target["lane"]
+    lane_history.note_stop(p, f"its start failed: rolled back to known good #{number}")
+    lane_io.sh("systemctl", "stop", p.unit, timeout=300)  # its post stops the workers
+    lane_io.sh("systemctl", "reset-failed", p.unit)
+    lane_io.on_workers(p.workers, "systemctl", "reset-failed", p.unit)
+    if lane != p.lane:  # the failed lane stays placed (the settings name it) but starts at no boot
+        lane_io.sh("systemctl", "disable", p.unit)
+    outs = lane_io.on_workers(p.workers, *lane_io.here("restore", path, str(number)), timeout=120)
+    lost = [f"rank {w.rank} on {w.ip}: {lane_io.ssh_error(o) if not lane_io.reached(o) else o.stderr.strip()[-200:]}"
+            for w, o in zip(p.workers, outs) if o.returncode != 0]
+    if lost:
+        print(f"lane {p.lane}: plan {p.digest} did not start ({failed}); known good #{number} could not be "
+              f"put back: {'; '.join(lost)}; every rank's journal of the start: {logs}", file=sys.stderr, flush=True)
+        return 1
+    restore(number)
+    back = paths.plan_path(lane)
+    q = lane_io.plan(back)
+    lane_io.sh("systemctl", "enable", q.unit)
+    lane_io.mark(q, "failures").unlink(missing_ok=True)  # a deliberate start: no back-off of the failed one's
+    why = f"a rollback to known good #{number} after lane {p.lane}'s plan {p.digest} failed to start ({failed})"
+    lane_history.record(q, "rollback", why, number=number, failed=p.digest, logs=str(logs))
+    served = start(back, why)
+    print(f"lane {p.lane}: plan {p.digest} did not start ({failed}): rolled back to known good #{number}, "
+          f"lane {lane} plan {q.digest}, which " + ("serves again" if served else "did not get ready either")
+          + f"; every rank's journal of the failed start: {logs}", file=sys.stderr, flush=True)
+    return 1
