@@ -165,8 +165,9 @@ def lane_paths(lane: str) -> list[str]:
 
 def lane_set_paths(lane: str) -> list[str]:
     """The files and folder that reproduce a node's rank of a lane, as a converge placed them: its
-    unit, plan, env files and mods (what a known good set keeps; not the head's marks or history)."""
-    return lane_paths(lane)[:4] + [f"{MODS_DIR}/{lane}"]
+    unit, plan, env files, the head's mark that the image's vLLM accepted its arguments (and what
+    was checked), its mods; what a known good set keeps (not the history, not the runtime marks)."""
+    return lane_paths(lane)[:6] + [f"{MODS_DIR}/{lane}"]
 
 
 def known_good_dir(number: int) -> str:

@@ -248,7 +248,7 @@ def lane_warm(lane: str, digest: str):
     + lane: the lane's name (this runs on its head)
     + digest: the plan the lane runs
     """
-    status = host.get_fact(LaneStatus, lane=lane, probe=False) or {}  # the marks are enough here
+    status = gathered(host, LaneStatus, lane=lane, probe=False) or {}  # the marks are enough here
     if status.get("warm") == digest and status.get("started") == digest:
         host.noop(f"lane {lane} is warm")
         return
@@ -266,7 +266,7 @@ def lane_known_good(lane: str, digest: str, keep: int):
     + digest: the plan the lane runs
     + keep: how many known good sets each node keeps
     """
-    status = host.get_fact(LaneStatus, lane=lane, probe=False) or {}
+    status = gathered(host, LaneStatus, lane=lane, probe=False) or {}  # lane_warm's read, in a run that changed nothing
     known = status.get("known") or []
     if known and known[-1]["lane"] == lane and known[-1]["digest"] == digest:
         host.noop(f"lane {lane}'s plan {digest} is known good #{known[-1]['number']}")

@@ -91,6 +91,7 @@ def test_two_runs_compare(serving, results):
     assert "pp64/tg16 @ d0 (c1)" in out.stdout
 
 
+@pytest.mark.long  # make test-all (a failed start, then the known good one's: 110 s), not CI's
 def test_a_lane_whose_start_fails_is_rolled_back_to_the_known_good_one(serving):
     """A switch to lane sim-long, whose KV setting is deliberately bad (1 GiB for a 2.5M-token context):
     vLLM in its image accepts the arguments, the start fails at vLLM's KV check, and the head's runner

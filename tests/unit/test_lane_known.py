@@ -197,3 +197,12 @@ def test_a_failed_start_with_no_other_known_good_set_says_so_and_keeps_its_logs(
     assert lane_ctl.main(["rollout", str(ctl.plan), "900", "x"]) == 1
     assert [d for d, _ in restarted] == ["d2"]
     assert "no known good set to return to; every rank's journal of the start:" in capsys.readouterr().err
+
+
+def test_a_set_holds_what_a_converge_placed_not_the_history_or_the_runtime_marks():
+    from sparkinfra.node import paths
+
+    kept = paths.lane_set_paths("sim")
+    assert set(kept) <= set(paths.lane_paths("sim"))
+    assert paths.plan_path("sim") in kept and paths.validated_path("sim") in kept and f"{paths.MODS_DIR}/sim" in kept
+    assert paths.history_path("sim") not in kept and not [k for k in kept if k.startswith(paths.MARKS_DIR)]
