@@ -14,7 +14,7 @@ from pyinfra.operations import python
 from sparkinfra import lane_steps, run, tune
 
 here = run.start()  # once per run: settings checked, SSH tuned, the converge lock held
-lane_steps.placed(here)  # plans, env files, units; validated; the trials start it
+lane_steps.placed(here, to_serve=False)  # plans, env files, units; validated; the trials start it (a rejected plan too)
 
 if here.is_head:
     job = tune.job_for(host, here.cluster, lane_steps.of_run(here))

@@ -21,6 +21,10 @@ bench_runs = 2
 bench_book = "README.md"
 bench_coherence = False  # random weights answer nothing coherently
 
+# A changed lane's canary (before it is promoted): short probes, so a slowed change is caught in
+# seconds on the bed's two cores.
+canary_max_tokens = 16
+
 # GMU bracketing (deploys/tune.py): the CPU build's knob; both nodes share this machine's memory,
 # so the bracket stops at 2 GiB per rank (a larger KV cache makes every trial swap).
 tune_knob = "VLLM_CPU_KVCACHE_SPACE"

@@ -15,6 +15,7 @@ cluster, which every step (and ``deploys/tune.py``, ``deploys/bench.py``) reads.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 from pyinfra import host, inventory
@@ -24,7 +25,9 @@ from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from . import lanes, serving
+from .bench import canary
 from .cluster_lane import ClusterLane, cluster_lane
+from .facts.lane import LaneRejected
 from .facts.reading import unproxied
 from .node.paths import PROGRAMS
 from .operations.files import file_content, render, secret_env_file
@@ -53,22 +56,45 @@ def of_run(here: Here) -> ClusterLane | None:
     return built[here.cluster.name]
 
 
-def placed(here: Here) -> serving.RankPlan | None:
+def placed(here: Here, to_serve: bool = True) -> serving.RankPlan | None:
     """
     Place the cluster's lane on this node (runner, env files, plan, unit; validated by vLLM in the
     image on the head), then stop and remove every other lane: the old lane serves until the new one
     is placed and validated on the head (a head that failed leaves it serving). This node's plan,
-    or None when the cluster has no lane.
+    or None when the cluster has no lane. ``to_serve``: refuse a plan a rollback turned away
+    (``refuse_rejected``; a bracketing, which looks for what makes it start, places it anyway).
     """
     on = of_run(here)
     mine = None
     if on:
         if here.is_head:  # once per cluster, before any operation runs: the controller's vLLM, cached
             lanes.refuse_invalid(on.lane, on.cluster)
+            if to_serve:
+                refuse_rejected(on)
         mine = on.plan(host.name)
         _files(here, on, mine)
     _no_other_lane(here, here.cluster.config.lane)
     return mine
+
+
+def refuse_rejected(on: ClusterLane) -> None:
+    """
+    Raise ``LaneError`` when the plan the settings ask for is one a rollback turned away on the
+    cluster's head (its start or canary failed, or an operator rolled back from it), unless
+    ``retry_rejected``: a converge with unchanged settings never silently undoes a rollback. Read
+    before any operation runs.
+    """
+    mark = host.get_fact(LaneRejected, lane=on.lane.name)
+    if not mark or mark["digest"] != on.digest or on.cluster.config.retry_rejected:
+        return
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(mark.get("at") or 0))
+    back = f"known good #{mark['number']}" if mark.get("number") else "a known good set"
+    raise lanes.LaneError(
+        f"cluster {on.cluster.name}: the site and the cluster differ. The settings ask for lane {on.lane.name} "
+        f"plan {on.digest}, which was rolled back on {when}: {mark.get('why')}. The cluster serves {back} "
+        f"(python -m sparkinfra status INVENTORY). Change the settings, or start that plan once more with "
+        f"--data retry_rejected=true."
+    )
 
 
 def head_in_run(here: Here):
@@ -161,7 +187,8 @@ def _files(here: Here, on: ClusterLane, mine: serving.RankPlan) -> None:
 @deploy("Lane serving")
 def serving_from_head(here: Here, plan: serving.RankPlan) -> None:
     """On the head: the lane of ``plan`` (``placed``'s) enabled at boot, every rank started
-    (workers first), ready, warm, then known good on every node."""
+    (workers first), ready, warm, then its canary against the baseline: known good on every node,
+    or rolled back."""
     name, digest = plan.lane, plan.digest
     service_enabled(  # starting is lane_running's: once, all ranks, workers first
         name=f"Lane {name} starts with the head at boot",
@@ -180,8 +207,10 @@ def serving_from_head(here: Here, plan: serving.RankPlan) -> None:
         digest=digest,
     )
     lane_known_good(
-        name=f"Lane {name}'s plan {digest} is known good on every node (kept to return to)",
+        name=f"Lane {name}'s plan {digest} passed its canary and is known good on every node (kept to return to)",
         lane=name,
         digest=digest,
         keep=here.cluster.config.known_good_keep,
+        canary=canary.of_lane(of_run(here)),
+        ready_timeout=here.cluster.config.lane_ready_timeout,
     )

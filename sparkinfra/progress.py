@@ -28,16 +28,27 @@ def shown(command: StringCommand | str) -> FunctionCommand:
 
         yield shown(transfer.pull_command(...))
     """
-    arguments = {
-        key: value for key, value in (host.current_op_global_arguments or {}).items()
-        if key in CONNECTOR_ARGUMENT_KEYS and key not in _LOOP_KEYS
-    }
+    arguments = op_arguments()
 
     def run_shown(state, host):
-        ok, _ = host.run_shell_command(command, print_output=True, print_input=state.print_input, **arguments)
-        return ok
+        return run_printed(state, host, command, arguments)
 
     run_shown.__name__ = f"shown({command!r})"  # what --dry and --debug name
     wrapper = FunctionCommand(run_shown, (), {})
     wrapper.command = command  # what it runs, for the tests to read
     return wrapper
+
+
+def op_arguments() -> dict:
+    """The current operation's connector arguments (its sudo, timeout, env), for a command a
+    ``FunctionCommand`` runs later (``run_printed``). Call it inside an operation."""
+    return {
+        key: value for key, value in (host.current_op_global_arguments or {}).items()
+        if key in CONNECTOR_ARGUMENT_KEYS and key not in _LOOP_KEYS
+    }
+
+
+def run_printed(state, host, command: StringCommand | str, arguments: dict) -> bool:
+    """``command`` run on ``host`` with ``arguments`` (``op_arguments``), its lines printed as they come."""
+    ok, _ = host.run_shell_command(command, print_output=True, print_input=state.print_input, **arguments)
+    return ok

@@ -71,20 +71,33 @@ class Job:
     meta: Meta
 
 
+def snapshot_of(cluster, model: str) -> tuple[str, str]:
+    """(revision, the staged snapshot's folder on a node) of ``model`` as the cluster stages it."""
+    revision = dict(transfer.models(cluster)).get(model, "main")
+    return revision, f"{transfer.repo_dir(cluster.config.model_dir, model)}/snapshots/{revision}"
+
+
 def fetch_tokenizer(host, job: Job, cache: Path | None = None) -> Path:
     """The snapshot's tokenizer files, copied once from the head into a controller cache folder."""
-    if not job.tokenizer_files:
-        raise BenchError(f"{job.snapshot} on {host.name} holds no tokenizer files: stage the model first")
+    return copy_tokenizer(host, job.snapshot, job.tokenizer_files, job.meta.model, job.meta.model_revision, cache)
+
+
+def copy_tokenizer(host, snapshot: str, files: dict[str, int], model: str, revision: str,
+                   cache: Path | None = None) -> Path:
+    """The tokenizer ``files`` (name -> size) of ``snapshot`` on ``host``, copied once into a
+    controller cache folder of ``model`` at ``revision``; that folder."""
+    if not files:
+        raise BenchError(f"{snapshot} on {host.name} holds no tokenizer files: stage the model first")
     cache = cache or Path.home() / ".cache" / "sparkinfra" / "tokenizers"
-    folder = cache / f"{job.meta.model.replace('/', '--')}@{job.meta.model_revision}"
+    folder = cache / f"{model.replace('/', '--')}@{revision}"
     folder.mkdir(parents=True, exist_ok=True)
-    for name, size in job.tokenizer_files.items():
+    for name, size in files.items():
         local = folder / name
         if local.is_file() and local.stat().st_size == size:
             continue
         partial = local.with_name(local.name + ".part")
-        if not host.get_file(f"{job.snapshot}/{name}", str(partial), _sudo=True):
-            raise BenchError(f"could not copy {job.snapshot}/{name} from {host.name}")
+        if not host.get_file(f"{snapshot}/{name}", str(partial), _sudo=True):
+            raise BenchError(f"could not copy {snapshot}/{name} from {host.name}")
         partial.replace(local)
     return folder
 
@@ -179,8 +192,7 @@ def job_for(host, cluster, on: ClusterLane | None) -> Job:
                  f"(current {digest}), API {status.get('api')}")
         raise BenchRefused(f"lane {lane.name} is not serving its current plan on {host.name} ({found}): "
                            "run deploys/serve.py first")
-    revision = dict(transfer.models(cluster)).get(lane.model, "main")
-    snapshot = f"{transfer.repo_dir(config.model_dir, lane.model)}/snapshots/{revision}"
+    revision, snapshot = snapshot_of(cluster, lane.model)
     files = host.get_fact(SnapshotFiles, path=snapshot)
     image = on.image
     kv_space = next((v for k, v in lane.env.items() if k == "VLLM_CPU_KVCACHE_SPACE"), None)

@@ -10,6 +10,7 @@ command ``pip install`` makes):
     python -m sparkinfra chat inventory/pair.py "Hello"  # one chat completion
     python -m sparkinfra lock inventory/pair.py [--update NAME]  # the site's lock, resolved here
     python -m sparkinfra bench --compare A B             # how bench run B differs from run A
+    python -m sparkinfra rollback inventory/pair.py [--to N]  # back to a known good set, by hand
 
 ``python -m sparkinfra VIEW --help`` lists a view's options.
 """
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import sys
 
-from . import bench, chat, lanes, lock, logs, status
+from . import bench, chat, lanes, lock, logs, rollback, status
 
 VIEWS = {"lanes": lanes.main, "status": status.main, "logs": logs.main, "chat": chat.main, "lock": lock.main,
-         "bench": bench.main}
+         "bench": bench.main, "rollback": rollback.main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,11 +62,11 @@ def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
     """The argument of ``scripts/node_report.py`` for a node of ``cluster``."""
     config = cluster.config
     repos = [transfer.repo_dir(config.model_dir, repo) for repo, _ in transfer.models(cluster)]
-    files = {"unit": "", "plan": "", "started": "", "history": ""}
+    files = {"unit": "", "plan": "", "started": "", "history": "", "rejected": ""}
     if lane_name:
         files = {"unit": paths.unit_name(lane_name), "plan": paths.plan_path(lane_name),
                  "started": f"{paths.MARKS_DIR}/{lane_name}.started",
-                 "history": paths.history_path(lane_name)}
+                 "history": paths.history_path(lane_name), "rejected": paths.rejected_path(lane_name)}
     return json.dumps({
         "lane": files, "known_good": paths.KNOWN_GOOD, "container": config.container_name, "image": image,
         "interface": cluster.fabric.interface, "nccl_env": NCCL_ENV_FILE, "repos": repos,
@@ -256,6 +256,7 @@ def cluster_status(reached: remote.Reached) -> dict:
         "serving": not found and want.lane is not None, "ok": not found, "problems": found,
         "api": api, "nodes": nodes, "history": (head.get("history") or [])[-HISTORY_SHOWN:],
         "known_good": head.get("known_good") or [],  # the head's sets, oldest first (each node keeps the same)
+        "rejected": head.get("rejected"),  # the lane's plan a rollback turned away (a converge refuses it)
         # what is staged and served: each model at the commit the site's data or its lock pins
         "models": [{"repo": repo, "revision": revision, "locked": revision in locked}
                    for repo, revision in transfer.models(cluster)],
@@ -324,6 +325,10 @@ def text(status: dict) -> str:
         for kept in status["known_good"]:
             lines.append(f"    #{kept['number']}  {when(kept.get('at'))}  lane {kept['lane']}, plan {kept['digest']}, "
                          f"image {kept['image']}: {kept.get('why', '')}")
+    rejected = status.get("rejected")
+    if rejected:
+        lines.append(f"  rejected: plan {rejected.get('digest')}, {when(rejected.get('at'))}: {rejected.get('why', '')} "
+                     f"(a converge refuses it; --data retry_rejected=true starts it once more)")
     for problem in status["problems"]:
         lines.append(f"  - {problem}")
     return "\n".join(lines)

@@ -135,3 +135,30 @@ class LaneStatus(FactBase):
     @override
     def process(self, output):
         return json.loads("\n".join(output) or "{}")
+
+
+class LaneRejected(FactBase):
+    """
+    Returns the head's mark of the lane's plan that a rollback turned away (``paths.rejected_path``),
+    or ``None``:
+
+    .. code:: python
+
+        {"digest": "9f2c...", "why": "it failed its canary: decode tok/s (json) 9.1, baseline 41.2 ...",
+         "at": 1764999000.0, "number": 3}   # number: the known good set it went back to
+
+    + lane: the lane's name
+    """
+
+    @override
+    def command(self, lane: str) -> StringCommand:
+        path = QuoteString(paths.rejected_path(lane))
+        return StringCommand("cat", path, "2>/dev/null", "||", "true")
+
+    @override
+    def process(self, output):
+        try:
+            found = json.loads("\n".join(output) or "null")
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) and found.get("digest") else None

@@ -169,6 +169,15 @@ class Thinking(BaseModel):
     on_value: bool | str = Field(True, description="Its value for thinking on (MiniMax-M3: enabled).")
 
 
+class CanaryTolerance(BaseModel):
+    """How much worse a changed lane's canary may measure than its baseline before it is rolled back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decode_tolerance: float = Field(0.10, ge=0, lt=1, description="Decode tok/s may fall by this share.")
+    ttft_tolerance: float = Field(0.25, ge=0, description="TTFT may rise by this share.")
+
+
 class ImageRecipe(BaseModel):
     """A lane's image made by a recipe: ``images/<recipe>/recipe.yaml`` (``sparkinfra.lanes.images``)."""
 
@@ -230,6 +239,9 @@ class Lane(BaseModel):
     )
     warmup: list[Warmup] = Field(default_factory=list)
     thinking: Thinking = Field(default_factory=Thinking, description="The bench's thinking switch.")
+    canary: CanaryTolerance = Field(
+        default_factory=CanaryTolerance, description="A change's canary: how much slower than the baseline it may be."
+    )
     startup_checks: list[str] = Field(default_factory=list, description="Regexes rank 0's start-up log shows.")
     worker_startup_checks: list[str] = Field(
         default_factory=list, description="Regexes every other rank's start-up log shows."

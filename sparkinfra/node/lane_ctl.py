@@ -35,13 +35,19 @@ module of its concern (``lane_io``, ``lane_history``, ``lane_rank``, ``lane_watc
                                   fails or is not ready in TIMEOUT seconds: every rank's journal kept in
                                   /var/lib/sparkinfra/failed-starts/, the lane stopped, the newest known
                                   good set of another plan restored on every node and started; exit 1
+    lane_ctl rollback PLAN TIMEOUT WHY [N]
+                                  head: the lane left for known good set N (default: the newest of
+                                  another plan) on every node, WHY it is left (its canary failed,
+                                  an operator asked): its journals kept, the set restored, started
+                                  and waited for; the plan left marked rejected; 0: the set serves
     lane_ctl restore PLAN N    this node: known good set N's files put back (the head runs it on workers)
     lane_ctl history PLAN [N]  head: the last N (20) starts, readies, stops, promotions and rollbacks, one JSON line each
-    lane_ctl promote PLAN KEEP WHY
+    lane_ctl promote PLAN KEEP WHY [CANARY]
                                   head: the lane as it runs becomes the next known good set on every
                                   node (workers first; ``lane_known``), the newest KEEP sets kept;
-                                  WHY goes to the set and the history; a lane already the newest set
-                                  is left as it is
+                                  WHY and the canary's numbers (JSON) go to the set and the history,
+                                  the lane's rejected mark goes; a lane already the newest set is
+                                  left as it is
     lane_ctl keep PLAN N KEEP WHY
                                   this node's rank kept as known good set N (the head runs it on workers)
     lane_ctl known PLAN        JSON: the known good sets kept on this node, oldest first
@@ -208,7 +214,25 @@ def cmd_rollout(path: str, timeout: float, why: str) -> int:
 
     if start(path, why):
         return 0
-    return lane_known.roll_back(lane_io.plan(path), path, start)
+    p = lane_io.plan(path)
+    lane_known.roll_back(p, path, start, lane_known.start_failure(p))
+    return 1  # the converge did not bring what it asked for
+
+
+def cmd_rollback(path: str, timeout: float, why: str, number: int | None) -> int:
+    """
+    The head: the lane of ``path`` left for known good set ``number`` (None: the newest of another
+    plan), ``why`` it is left (its canary failed, an operator asked); the set started and waited
+    for (``lane_known.roll_back``). 0: the set serves.
+    """
+    def start(plan: str, reason: str) -> bool:
+        return cmd_restart(plan, reason) == 0 and cmd_wait_ready(plan, timeout) == 0
+
+    p = lane_io.plan(path)
+    if p.rank != 0:
+        lane_io.say("rollback runs on the lane's head (rank 0), which puts the set back on every node")
+        return 2
+    return 0 if lane_known.roll_back(p, path, start, why, number) else 1
 
 
 def cmd_history(path: str, count: int = 20) -> int:
@@ -281,7 +305,8 @@ def cmd_status(path: str, probe: bool = True) -> int:
     status["api_key"] = None if not stamp else "current" if lane_io.key_stamp(p, stamp["key"]) == stamp else "changed"
     if p.rank == 0:
         status["history"] = lane_history.events(p, 5)
-        status["known"] = [{k: m[k] for k in ("number", "lane", "digest", "image", "at", "why")} for m in lane_known.entries()]
+        status["known"] = [lane_known.summary(m) for m in lane_known.entries()]
+        status["rejected"] = lane_known.rejected(p.lane)
     if p.rank == 0 and probe:
         status["workers"] = {w.ip: lane_io.unit_state_remote(w.ip, p) for w in p.workers}
         status["failures"] = lane_history.failures(p) or None
@@ -295,48 +320,7 @@ def cmd_status(path: str, probe: bool = True) -> int:
 
 
 def cmd_wait_ready(path: str, timeout: float) -> int:
-    """
-    Wait until the head's lane completes a request: its port, then /health, then a completion.
-    Says the start's phase read from vLLM's lines in the unit's journal (``PHASES``): a line when
-    the phase changes, else one every ``NOTE_EVERY`` seconds. Fails (with the unit's last lines)
-    when the unit fails or restarts, or after ``timeout`` seconds.
-    """
-    p = lane_io.plan(path)
-    lane, unit = p.lane, p.unit
-    started, baseline = time.monotonic(), None
-    stage, said, last_note = "port", "", 0.0
-    journal, phase, detail = lane_watch.Journal(unit), -1, ""
-    while True:
-        elapsed = time.monotonic() - started
-        state = lane_io.unit_state(unit)
-        if state == "active" and baseline is None:
-            baseline = lane_io.restarts(unit)  # counted from the start we wait for
-        if state in ("failed", "inactive") or (baseline is not None and lane_io.restarts(unit) > baseline):
-            what = f"unit {state}" if state in ("failed", "inactive") else "rank 0 exited and the unit restarted it"
-            log = lane_io.sh("journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat").stdout
-            print(f"lane {lane}: {what} after {elapsed:.0f}s; its last lines:\n{log}", file=sys.stderr)
-            return 1
-        phase, detail = lane_watch.phase_of(journal.new(), phase, detail)
-        if stage == "port" and lane_io.port_open(p):
-            stage = "health"
-        if stage == "health" and lane_io.request(p, "/health", timeout=5)[0] == 200:
-            stage, phase, detail = "completion", len(lane_watch.PHASES) - 1, ""
-        if stage == "completion":
-            ok, answer = lane_io.completion(p, max_tokens=8, timeout=120)
-            if ok:
-                print(f"lane {lane}: ready in {elapsed:.0f}s ({answer})", flush=True)
-                return 0
-        name = lane_watch.PHASES[phase][0] if phase >= 0 else (
-            "before the start: container checks, the workers" if state == "activating" else "starting vLLM")
-        if elapsed > timeout:
-            print(f"lane {lane}: not ready after {timeout:.0f}s (waiting for {stage}; its phase: {name})",
-                  file=sys.stderr)
-            return 1
-        if name != said or elapsed - last_note >= lane_watch.NOTE_EVERY:
-            print(f"lane {lane}: {name}" + (f" ({detail})" if detail else "") + f", {elapsed:.0f}s elapsed",
-                  flush=True)
-            said, last_note = name, elapsed
-        time.sleep(2)
+    return lane_watch.wait_ready(lane_io.plan(path), timeout)
 
 
 def cmd_warmup(path: str) -> int:
@@ -368,8 +352,11 @@ def main(argv: list[str]) -> int:
         return cmd_restart(path, argv[2])
     if command == "history" and (len(argv) == 2 or (len(argv) == 3 and argv[2].isdigit())):
         return cmd_history(path, int(argv[2]) if len(argv) == 3 else 20)
-    if command == "promote" and len(argv) == 4 and argv[2].isdigit():
-        return lane_known.promote(lane_io.plan(path), path, argv[3], int(argv[2]))
+    if command == "promote" and len(argv) in (4, 5) and argv[2].isdigit():
+        canary = json.loads(argv[4]) if len(argv) == 5 else None
+        return lane_known.promote(lane_io.plan(path), path, argv[3], int(argv[2]), canary)
+    if command == "rollback" and len(argv) in (4, 5) and (len(argv) == 4 or argv[4].isdigit()):
+        return cmd_rollback(path, float(argv[2]), argv[3], int(argv[4]) if len(argv) == 5 else None)
     if command == "keep" and len(argv) == 5 and argv[2].isdigit() and argv[3].isdigit():
         lane_known.keep(lane_io.plan(path), int(argv[2]), argv[4], int(argv[3]))
         return 0

@@ -115,6 +115,9 @@ def events(p: RunnerPlan, last: int = HISTORY_MAX) -> list[dict]:
     return found[-last:]
 
 
+JOURNALED = ("promote", "rollback")  # events also said in the unit's journal (``sparkinfra logs``)
+
+
 def record(p: RunnerPlan, event: str, why: str, **extra) -> dict | None:
     """
     Append one event to the head's history (``{"at", "event", "why", "boot", "digest", ...extra}``,
@@ -127,6 +130,8 @@ def record(p: RunnerPlan, event: str, why: str, **extra) -> dict | None:
         return None
     entry = {"at": round(time.time(), 1), "event": event, "why": why[:500], "boot": boot_id(),
              "digest": p.digest, **extra}
+    if event in JOURNALED:  # systemd says the starts and stops itself
+        lane_io.to_journal(p.unit, f"{event} (known good #{extra.get('number')}): {why}")
     kept = [*events(p, HISTORY_MAX - 1), entry]
     target = Path(path)
     temp = target.with_name(target.name + ".new")

@@ -56,6 +56,18 @@ def here(*args: str) -> list[str]:
     return ["python3", str(Path(__file__).resolve().parent), "lane_ctl", *args]
 
 
+def to_journal(unit: str, message: str) -> None:
+    """``message`` in the journal as about ``unit`` (what ``journalctl -u UNIT``, and so
+    ``sparkinfra logs``, shows beside the unit's own lines); never fails."""
+    fields = f"MESSAGE={' '.join(message.split())}\nOBJECT_SYSTEMD_UNIT={unit}\nSYSLOG_IDENTIFIER=sparkinfra\n"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as journal:
+            journal.connect("/run/systemd/journal/socket")
+            journal.send(fields.encode())
+    except OSError:
+        pass
+
+
 def say(message: str) -> None:
     print(f"lane: {message}", file=sys.stderr, flush=True)
 

@@ -1,10 +1,12 @@
 """
-A lane's known good sets (stdlib only). The head promotes a lane that served: every node keeps its
-rank's placed files as they were then (``paths.lane_set_paths``: unit, plan, env files, mods) under
-``KNOWN_GOOD/<n>/files/`` (their paths mirrored), with ``meta.json``: what ran (lane, plan digest,
-image and its ID, mods) and when and why it was promoted. The newest ``keep`` sets stay, so the one
-before the current is there to return to: a start that fails is rolled back to it (``roll_back``,
-run by ``lane_ctl rollout``), every rank's journal of the failed start kept.
+A lane's known good sets (stdlib only). The head promotes a lane that served and passed its canary:
+every node keeps its rank's placed files as they were then (``paths.lane_set_paths``: unit, plan,
+env files, the head's validated mark and check request, mods) under ``KNOWN_GOOD/<n>/files/``
+(their paths mirrored), with ``meta.json``: what ran (lane, plan digest, image and its ID, mods),
+when and why it was promoted, and the canary's numbers (the next change's baseline). The newest
+``keep`` sets stay, so the one before the current is there to return to: a start that fails, a
+canary that fails and an operator's rollback all go back to one (``roll_back``), every rank's
+journal of what was left kept, and the plan left marked rejected (``paths.rejected_path``).
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ def entries(root: str | None = None) -> list[dict]:
 
 
 def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | None = None,
-         root: str | None = None) -> dict:
+         root: str | None = None, canary: dict | None = None) -> dict:
     """
     Keep this node's rank of ``p`` as known good set ``number``: each of ``sources`` (the lane's
     placed files, ``paths.lane_set_paths``) that exists, copied under ``<number>/files/`` with its
-    path, and ``meta.json``; written beside, then renamed into place. Then only the newest ``count``
-    sets stay. The set's meta.
+    path, and ``meta.json`` (``canary``: the numbers it was promoted with); written beside, then
+    renamed into place. Then only the newest ``count`` sets stay. The set's meta.
     """
     base = Path(root or ROOT)
     base.mkdir(parents=True, exist_ok=True)
@@ -68,7 +70,7 @@ def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | 
     meta = {
         "number": number, "lane": p.lane, "digest": p.digest, "rank": p.rank, "image": p.image,
         "image_id": lane_io.image_id(p.image), "mods": [{"name": m.name, "sha256": m.sha256} for m in p.mods],
-        "at": round(time.time(), 1), "why": why[:500], "files": kept,
+        "at": round(time.time(), 1), "why": why[:500], "files": kept, "canary": canary,
     }
     (temp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
@@ -78,11 +80,17 @@ def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | 
     return meta
 
 
-def promote(p: RunnerPlan, path: str, why: str, count: int) -> int:
+def summary(meta: dict) -> dict:
+    """What ``status`` shows of a set (and a converge reads: the canary is the next one's baseline)."""
+    return {k: meta.get(k) for k in ("number", "lane", "digest", "image", "at", "why", "canary")}
+
+
+def promote(p: RunnerPlan, path: str, why: str, count: int, canary: dict | None = None) -> int:
     """
     The head: the lane as it runs now (``p``, the plan at ``path`` on every node) becomes the next
-    known good set, kept by every worker first, then here; the promotion goes to the history. A
-    lane already the newest set is left as it is. The exit status.
+    known good set, kept by every worker first, then here (with ``canary``, its numbers); the
+    promotion goes to the history, and the lane's rejected mark goes. A lane already the newest
+    set is left as it is. The exit status.
     """
     started = lane_io.mark(p, "started")
     running = json.loads(started.read_text()).get("digest") if started.exists() else None
@@ -104,8 +112,9 @@ def promote(p: RunnerPlan, path: str, why: str, count: int) -> int:
         lane_io.say(f"rank {worker.rank} on {worker.ip} did not keep known good #{number}: {why_not}")
     if failed:
         return 1
-    meta = keep(p, number, why, count)
-    lane_history.record(p, "promote", why, number=number)
+    meta = keep(p, number, why, count, canary=canary)
+    lane_history.record(p, "promote", why, number=number, **({"canary": canary} if canary else {}))
+    Path(paths.rejected_path(p.lane)).unlink(missing_ok=True)
     print(f"lane {p.lane}: plan {p.digest} (image {meta['image']}) is known good #{number} on every node: {why}",
           flush=True)
     return 0
@@ -148,48 +157,81 @@ def keep_failed_logs(p: RunnerPlan, root: str | None = None) -> Path:
     return folder
 
 
-def rollback_target(p: RunnerPlan) -> dict | None:
-    """The newest known good set that is not ``p`` itself (its lane and plan): what a failed start returns to."""
-    return next((m for m in reversed(entries()) if (m["lane"], m["digest"]) != (p.lane, p.digest)), None)
+def rollback_target(p: RunnerPlan, number: int | None = None) -> dict | None:
+    """Set ``number`` (None: the newest set that is neither ``p`` itself, its lane and plan, nor a
+    plan a rollback turned away): what a rollback from ``p`` returns to."""
+    if number is not None:
+        return next((m for m in entries() if m["number"] == number), None)
+    turned = {(m["lane"], (rejected(m["lane"]) or {}).get("digest")) for m in entries()}
+    return next((m for m in reversed(entries()) if (m["lane"], m["digest"]) != (p.lane, p.digest)
+                 and (m["lane"], m["digest"]) not in turned), None)
 
 
-def roll_back(p: RunnerPlan, path: str, start: Callable[[str, str], bool]) -> int:
-    """After lane ``p``'s start failed (its plan at ``path``): every rank's journal of it kept, the lane
-    stopped (and, when the set is another lane, disabled) on every node, the newest known good set of
-    another plan restored on every node (workers first) and started with ``start(plan, why)`` (True:
-    it serves); says what failed, what serves now and where the logs are. Always 1: the converge did
-    not bring what it was asked for."""
-    failed = next((e["why"] for e in reversed(lane_history.events(p, 20)) if e.get("event") == "stop"
-                   and e.get("failed")), "it did not get ready")
+def start_failure(p: RunnerPlan) -> str:
+    """Why lane ``p``'s last start failed, from the history (its last failed stop)."""
+    why = next((e["why"] for e in reversed(lane_history.events(p, 20)) if e.get("event") == "stop"
+                and e.get("failed")), "it did not get ready")
+    return f"did not start ({why})"
+
+
+def reject(p: RunnerPlan, why: str, number: int | None) -> None:
+    """Mark plan ``p`` turned away by a rollback (``paths.rejected_path``): a converge that would
+    start it again refuses until the settings change or ``retry_rejected`` is given."""
+    mark = {"digest": p.digest, "why": why[:500], "at": round(time.time(), 1), "number": number}
+    lane_io.write_private(Path(paths.rejected_path(p.lane)), json.dumps(mark, sort_keys=True))
+
+
+def rejected(lane: str) -> dict | None:
+    """The lane's rejected mark (None: none)."""
+    try:
+        return json.loads(Path(paths.rejected_path(lane)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def roll_back(p: RunnerPlan, path: str, start: Callable[[str, str], bool], failed: str,
+              number: int | None = None) -> bool:
+    """
+    Lane ``p`` (its plan at ``path``) is left: ``failed`` says why ("did not start (...)", "failed
+    its canary: ...", "was rolled back by hand"). Every rank's journal of it kept, the lane stopped
+    (and, when the set is another lane, disabled) on every node, known good set ``number`` (None:
+    the newest of another plan) restored on every node (workers first) and started with
+    ``start(plan, why)`` (True: it serves); plan ``p`` marked rejected. Says what failed, what serves
+    now, how long after the rollback began it answered, and where the logs are. Whether the set serves.
+    """
+    began = time.monotonic()
     logs = keep_failed_logs(p)
-    target = rollback_target(p)
+    target = rollback_target(p, number)
     if target is None:
-        print(f"lane {p.lane}: plan {p.digest} did not start ({failed}); no known good set to return to; "
-              f"every rank's journal of the start: {logs}", file=sys.stderr, flush=True)
-        return 1
+        which = f"no known good set #{number}" if number is not None else "no known good set to return to"
+        print(f"lane {p.lane}: plan {p.digest} {failed}; {which}; every rank's journal: {logs}",
+              file=sys.stderr, flush=True)
+        return False
     number, lane = target["number"], target["lane"]
-    lane_history.note_stop(p, f"its start failed: rolled back to known good #{number}")
+    lane_history.note_stop(p, f"it {failed}: rolled back to known good #{number}")
     lane_io.sh("systemctl", "stop", p.unit, timeout=300)  # its post stops the workers
     lane_io.sh("systemctl", "reset-failed", p.unit)
     lane_io.on_workers(p.workers, "systemctl", "reset-failed", p.unit)
-    if lane != p.lane:  # the failed lane stays placed (the settings name it) but starts at no boot
+    if lane != p.lane:  # the left lane stays placed (the settings name it) but starts at no boot
         lane_io.sh("systemctl", "disable", p.unit)
     outs = lane_io.on_workers(p.workers, *lane_io.here("restore", path, str(number)), timeout=120)
     lost = [f"rank {w.rank} on {w.ip}: {lane_io.ssh_error(o) if not lane_io.reached(o) else o.stderr.strip()[-200:]}"
             for w, o in zip(p.workers, outs) if o.returncode != 0]
     if lost:
-        print(f"lane {p.lane}: plan {p.digest} did not start ({failed}); known good #{number} could not be "
-              f"put back: {'; '.join(lost)}; every rank's journal of the start: {logs}", file=sys.stderr, flush=True)
-        return 1
+        print(f"lane {p.lane}: plan {p.digest} {failed}; known good #{number} could not be put back: "
+              f"{'; '.join(lost)}; every rank's journal: {logs}", file=sys.stderr, flush=True)
+        return False
     restore(number)
+    reject(p, f"it {failed}", number)
     back = paths.plan_path(lane)
     q = lane_io.plan(back)
     lane_io.sh("systemctl", "enable", q.unit)
     lane_io.mark(q, "failures").unlink(missing_ok=True)  # a deliberate start: no back-off of the failed one's
-    why = f"a rollback to known good #{number} after lane {p.lane}'s plan {p.digest} failed to start ({failed})"
-    lane_history.record(q, "rollback", why, number=number, failed=p.digest, logs=str(logs))
+    why = f"a rollback to known good #{number}: lane {p.lane}'s plan {p.digest} {failed}"
+    lane_history.record(q, "rollback", why, number=number, left=p.digest, logs=str(logs))
     served = start(back, why)
-    print(f"lane {p.lane}: plan {p.digest} did not start ({failed}): rolled back to known good #{number}, "
-          f"lane {lane} plan {q.digest}, which " + ("serves again" if served else "did not get ready either")
-          + f"; every rank's journal of the failed start: {logs}", file=sys.stderr, flush=True)
-    return 1
+    print(f"lane {p.lane}: plan {p.digest} {failed}: rolled back to known good #{number}, "
+          f"lane {lane} plan {q.digest}, which " + (f"serves again ({time.monotonic() - began:.0f}s)" if served
+                                                    else "did not get ready either")
+          + f"; every rank's journal of what was left: {logs}", file=sys.stderr, flush=True)
+    return served

@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -279,3 +280,61 @@ def warm(p: RunnerPlan) -> bool:
     started = json.loads(lane_io.mark(p, "started").read_text())
     lane_io.write_private(lane_io.mark(p, "warm"), json.dumps(started))
     return True
+
+
+# A Python error's line in a rank's log (a traceback's last line, a mod's or vLLM's own words).
+ERROR_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception): \S")
+
+
+def first_error(lines: list[str]) -> str | None:
+    """The first error line of ``lines`` that is not vLLM's pointer to an earlier one: a failed
+    start's cause (a mod that raises, a CUDA error), which its last lines may no longer show."""
+    return next((line.strip() for line in lines if ERROR_LINE.search(line) and "root cause above" not in line), None)
+
+
+def wait_ready(p: RunnerPlan, timeout: float) -> int:
+    """
+    Wait until the head's lane completes a request: its port, then /health, then a completion.
+    Says the start's phase read from vLLM's lines in the unit's journal (``PHASES``): a line when
+    the phase changes, else one every ``NOTE_EVERY`` seconds. Fails (with the start's first error
+    line and the unit's last lines) when the unit fails or restarts, or after ``timeout`` seconds.
+    """
+    lane, unit = p.lane, p.unit
+    started, baseline = time.monotonic(), None
+    stage, said, last_note = "port", "", 0.0
+    journal, phase, detail, errors = Journal(unit), -1, "", []
+    while True:
+        elapsed = time.monotonic() - started
+        state = lane_io.unit_state(unit)
+        if state == "active" and baseline is None:
+            baseline = lane_io.restarts(unit)  # counted from the start we wait for
+        if state in ("failed", "inactive") or (baseline is not None and lane_io.restarts(unit) > baseline):
+            what = f"unit {state}" if state in ("failed", "inactive") else "rank 0 exited and the unit restarted it"
+            log = lane_io.sh("journalctl", "-u", unit, "-n", "400", "--no-pager", "-o", "cat").stdout.splitlines()
+            cause = first_error(errors + log)
+            print(f"lane {lane}: {what} after {elapsed:.0f}s" + (f"; its first error: {cause}" if cause else "")
+                  + "; its last lines:\n" + "\n".join(log[-30:]), file=sys.stderr)
+            return 1
+        lines = journal.new()
+        errors += [line for line in lines if ERROR_LINE.search(line)][:20 - len(errors)]
+        phase, detail = phase_of(lines, phase, detail)
+        if stage == "port" and lane_io.port_open(p):
+            stage = "health"
+        if stage == "health" and lane_io.request(p, "/health", timeout=5)[0] == 200:
+            stage, phase, detail = "completion", len(PHASES) - 1, ""
+        if stage == "completion":
+            ok, answer = lane_io.completion(p, max_tokens=8, timeout=120)
+            if ok:
+                print(f"lane {lane}: ready in {elapsed:.0f}s ({answer})", flush=True)
+                return 0
+        name = PHASES[phase][0] if phase >= 0 else (
+            "before the start: container checks, the workers" if state == "activating" else "starting vLLM")
+        if elapsed > timeout:
+            print(f"lane {lane}: not ready after {timeout:.0f}s (waiting for {stage}; its phase: {name})",
+                  file=sys.stderr)
+            return 1
+        if name != said or elapsed - last_note >= NOTE_EVERY:
+            print(f"lane {lane}: {name}" + (f" ({detail})" if detail else "") + f", {elapsed:.0f}s elapsed",
+                  flush=True)
+            said, last_note = name, elapsed
+        time.sleep(2)

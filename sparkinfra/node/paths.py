@@ -141,6 +141,16 @@ def check_request_path(lane: str) -> str:
     return f"{STATE_DIR}/{lane}.check.json"
 
 
+def rejected_path(lane: str) -> str:
+    """
+    The head's mark of the lane's plan that a rollback turned away (its start or canary failed, or
+    an operator rolled back from it): ``{digest, why, at, number}``, root-only, kept over reboots.
+    A converge that would start that plan again refuses (``retry_rejected`` lets it); a promotion
+    of the lane removes it.
+    """
+    return f"{STATE_DIR}/{lane}.rejected"
+
+
 def compile_cache_root(lane: str) -> str:
     return f"{COMPILE_CACHE}/{lane}"
 
@@ -151,6 +161,7 @@ LANE_PLACES = (
     (UNITS_DIR, LANE_UNIT_PREFIX, ".service"),  # its unit
     (PLANS_DIR, "", ".json"), (PLANS_DIR, "", ".env"), (PLANS_DIR, "", ".secret.env"),  # plan, env files
     (STATE_DIR, "", ".validated"), (STATE_DIR, "", ".check.json"), (STATE_DIR, "", ".history"),  # the head's
+    (STATE_DIR, "", ".rejected"),
     (MODS_DIR, "", ""),  # its mods
     *((MARKS_DIR, "", f".{name}") for name in MARK_NAMES),  # lane_ctl's runtime marks
 )

@@ -17,11 +17,14 @@ from pyinfra.api import (
     operation,
 )
 
-from .. import node, serving
+from .. import node, progress, serving
+from ..bench import canary as bench_canary
+from ..bench.canary import Canary
+from ..bench.probes import BenchError
 from ..facts.files import FileDigest
 from ..facts.lane import DockerContainer, LaneFiles, LaneStatus, LaneUnits
 from ..facts.reading import gathered
-from ..facts.stage import DockerImageId
+from ..facts.stage import DockerImageId, SnapshotFiles
 from ..node import docker, paths
 from ..node.paths import CHECK_CONTAINER
 from ..node.plan import CompileCache
@@ -256,19 +259,58 @@ def lane_warm(lane: str, digest: str):
 
 
 @operation()
-def lane_known_good(lane: str, digest: str, keep: int):
+def lane_known_good(lane: str, digest: str, keep: int, canary: Canary, ready_timeout: int):
     """
-    Ensure the lane, serving and warm on plan ``digest``, is the newest known good set on every node
-    (``lane_ctl promote``: each node keeps its rank's placed files, to return to); the newest ``keep``
-    sets stay. A lane that does not serve that plan is not promoted (the runner refuses it).
+    Ensure the lane, serving and warm on plan ``digest``, is the newest known good set on every node:
+    its canary (``bench.canary``, from the controller: the probes and a llama-benchy subset, medians)
+    within the lane's tolerances of its baseline, it is promoted (``lane_ctl promote``: each node
+    keeps its rank's placed files; the numbers become the next change's baseline; the newest ``keep``
+    sets stay). A canary past a tolerance, or whose requests fail, rolls the lane back (``lane_ctl
+    rollback``) to the newest known good set of another plan, started and waited for; the operation
+    then fails, naming the measure, both numbers and the kept logs.
 
     + lane: the lane's name (this runs on its head)
     + digest: the plan the lane runs
     + keep: how many known good sets each node keeps
+    + canary: what the canary measures (``bench.canary.of_lane``)
+    + ready_timeout: seconds the set rolled back to may take to answer
     """
     status = gathered(host, LaneStatus, lane=lane, probe=False) or {}  # lane_warm's read, in a run that changed nothing
     known = status.get("known") or []
     if known and known[-1]["lane"] == lane and known[-1]["digest"] == digest:
         host.noop(f"lane {lane}'s plan {digest} is known good #{known[-1]['number']}")
         return
-    yield serving.runner(lane, "promote", str(keep), "it served and was warm after a converge")
+    files = gathered(host, SnapshotFiles, path=canary.snapshot) if canary.pp is not None else {}
+    arguments = progress.op_arguments()
+    name = host.name
+
+    def say(line: str) -> None:
+        logger.info(f"    [{name}] {line}")
+
+    def check(state, host) -> bool:
+        base, source = bench_canary.baseline(canary, known)
+        try:
+            tokenizer = bench_canary.tokenizer_for(host, canary, files)
+        except BenchError as exc:
+            logger.error(f"    [{name}] lane {lane}: the canary cannot be measured ({exc}): plan {digest} "
+                         "serves, not known good")
+            return False
+        try:
+            measured = bench_canary.measure(canary, tokenizer, say)
+        except BenchError as exc:
+            failed, measured = [f"a canary request failed: {exc}"], None
+        else:
+            failed, said = bench_canary.compare(measured, base, canary.decode_tolerance, canary.ttft_tolerance)
+            say(f"canary against {source}: " + ("; ".join(said) or "nothing to compare: these numbers are the baseline"))
+        if not failed:
+            why = f"it served, warm, after a converge; canary {bench_canary.describe(measured)}"
+            promote = serving.runner(lane, "promote", str(keep), why, json.dumps(measured, sort_keys=True))
+            return progress.run_printed(state, host, promote, arguments)
+        why = "failed its canary: " + "; ".join(failed)
+        progress.run_printed(state, host, serving.runner(lane, "rollback", str(ready_timeout), why), arguments)
+        logger.error(f"    [{name}] lane {lane}: plan {digest} {why}; rolled back (above: what serves now "
+                     "and where its logs are kept)")
+        return False
+
+    check.__name__ = f"canary of lane {lane}, then promote or roll back"
+    yield FunctionCommand(check, (), {})

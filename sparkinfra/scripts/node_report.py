@@ -179,6 +179,15 @@ def history(path: str, count: int = 10) -> list[dict]:
     return events
 
 
+def rejected(path: str) -> dict | None:
+    """The head's mark of the lane's plan a rollback turned away (None: none)."""
+    try:
+        found = json.loads(read(path)) if path else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def known_good(folder: str) -> list[dict]:
     """The known good sets kept in ``folder`` (``<n>/meta.json`` each), oldest first."""
     found = []
@@ -188,7 +197,7 @@ def known_good(folder: str) -> list[dict]:
         except (OSError, ValueError):
             continue
         if isinstance(entry, dict) and isinstance(entry.get("number"), int):
-            found.append({k: entry.get(k) for k in ("number", "lane", "digest", "image", "at", "why")})
+            found.append({k: entry.get(k) for k in ("number", "lane", "digest", "image", "at", "why", "canary")})
     return sorted(found, key=lambda e: e["number"])
 
 
@@ -234,6 +243,7 @@ def report(query: dict) -> dict:
         "nccl_lines": nccl_lines(state.get("invocation", "")),
         "history": history(lane["history"]) if lane.get("history") else [],
         "known_good": known_good(query.get("known_good", "")),
+        "rejected": rejected(lane.get("rejected", "")),
         "docker": bool(sh("docker", "version", "-f", "{{.Server.Version}}")),
     }
 

@@ -243,6 +243,23 @@ class HostSettings(BaseModel):
         2, ge=1, description="Known good sets (a lane that served, every file that reproduces it) each node "
         "keeps, the newest first: 2 keeps the one before the current to return to."
     )
+    canary_runs: int = Field(
+        3, ge=1, le=20, description="Runs of each canary measure (a changed lane's probes and llama-benchy "
+        "subset before it is promoted); each measure is their median."
+    )
+    canary_max_tokens: int = Field(
+        256, ge=1, description="Completion tokens of each canary probe (seed 001's probes: 256); a bench "
+        "result named by canary_baseline is compared only when its probes had as many."
+    )
+    canary_baseline: ControllerPath = Field(
+        "", description="A bench result folder (results/<cluster>/<lane>/<time>) the canary compares with; "
+        "empty: the canary of the lane's newest known good set."
+    )
+    retry_rejected: bool = Field(
+        False, description="Start a plan a rollback turned away (its start or canary failed, or it was "
+        "rolled back by hand) once more; else a converge that would start it refuses, saying why. Give it "
+        "once, with --data."
+    )
     page_cache_dropper: int = Field(
         5, ge=0, description="While a lane's weights load, every node drops its page cache this often "
         "(seconds) until the API answers (seed 001: the load thrashes below 2 GB free); 0: off. Never "

@@ -116,10 +116,16 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     assert "--headless" in worker["Config"]["Cmd"] and "--node-rank" in worker["Config"]["Cmd"]
     # Served and warm: known good #1 on every node (issue 40), each node's own placed files kept.
     assert any("plan" in op and "is known good on every node" in op for op in head_ops), head_ops
+    # ... after its canary, measured from the controller: the first set's numbers are the baseline.
+    canary = re.search(r"^ +\[spark-1\] canary: decode tok/s code ([\d.]+), json ([\d.]+); TTFT (\d+) ms \(median of 3\)$",
+                       first.stderr, re.M)
+    assert canary and float(canary[1]) > 0 and float(canary[2]) > 0, first.stderr[-3000:]
     digest = json.loads(bed.node("spark-1", "cat /etc/sparkinfra/lanes/sim.json").stdout)["digest"]
     for node, rank in (("spark-1", 0), ("spark-2", 1)):
         meta = json.loads(bed.node(node, "cat /var/lib/sparkinfra/known-good/1/meta.json").stdout)
         assert (meta["lane"], meta["digest"], meta["rank"]) == ("sim", digest, rank), meta
+        if rank == 0:  # the next change's baseline
+            assert meta["canary"]["decode_tps"]["json"] == float(canary[2]), meta
         assert "/etc/sparkinfra/lanes/sim.json" in meta["files"] and "/etc/sparkinfra/lanes/sim.env" in meta["files"]
         kept = bed.node(node, "cmp /etc/sparkinfra/lanes/sim.json "
                               "/var/lib/sparkinfra/known-good/1/files/etc/sparkinfra/lanes/sim.json", check=False)

@@ -103,7 +103,7 @@ def test_a_lane_whose_start_fails_is_rolled_back_to_the_known_good_one(serving):
     said = run.stderr + str(run.results)
     assert run.returncode != 0, said[-4000:]
     back = re.search(r"lane sim-long: plan \w+ did not start \(([^)]*)\): rolled back to known good #(\d+), "
-                     r"lane sim plan (\w+), which serves again; every rank's journal of the failed start: (\S+)", said)
+                     r"lane sim plan (\w+), which serves again \(\d+s\); every rank's journal of what was left: (\S+)", said)
     assert back, said[-4000:]
     logs = back[4]
     assert "To serve at least one request" in bed.node("spark-1", f"cat {logs}/rank0.log").stdout

@@ -23,7 +23,8 @@ def test_the_view_named_gets_the_rest_of_the_command_line(monkeypatch):
 
 def test_no_view_or_an_unknown_one_is_refused_naming_the_views(capsys):
     assert cli.main([]) == 2
-    assert capsys.readouterr().err.startswith("sparkinfra: no view given (one of: lanes, status, logs, chat, lock, bench)")
+    views = "lanes, status, logs, chat, lock, bench, rollback"
+    assert capsys.readouterr().err.startswith(f"sparkinfra: no view given (one of: {views})")
     assert cli.main(["stats"]) == 2
     assert capsys.readouterr().err.startswith("sparkinfra: no view 'stats' (one of: ")
 

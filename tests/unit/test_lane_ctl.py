@@ -840,3 +840,11 @@ def test_the_journal_is_read_from_the_starts_beginning_then_only_new_lines(ctl, 
     assert journal.new() == ["line 1", "line 2"] and asked[-1][1] == "_SYSTEMD_INVOCATION_ID=inv-2"
     answers["invocation"] = ""  # the unit never started: nothing to read
     assert journal.new() == [] and asked[-1][0] == "systemctl"
+
+
+def test_a_failed_starts_first_error_is_named_not_vllms_pointer_to_it():
+    lines = ["INFO loading", "(EngineCore pid=51) RuntimeError: mod sparkbed-engine-hooks: the engine refuses to start",
+             "Traceback (most recent call last):",
+             "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert lane_watch.first_error(lines) == lines[1]
+    assert lane_watch.first_error(lines[2:]) is None and lane_watch.first_error(["KeyError: 'x'"]) == "KeyError: 'x'"

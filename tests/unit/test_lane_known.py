@@ -31,6 +31,7 @@ def ctl(tmp_path, monkeypatch):
                    str(tmp_path / "plans" / "sim.env"), str(tmp_path / "plans" / "sim.secret.env"),
                    str(tmp_path / "mods" / "sim")]
     monkeypatch.setattr(lane_known.paths, "lane_set_paths", lambda lane: ctl.sources)
+    monkeypatch.setattr(lane_known.paths, "rejected_path", lambda lane: str(tmp_path / f"{lane}.rejected"))
     return ctl
 
 
@@ -87,6 +88,34 @@ def test_the_head_promotes_a_serving_lane_on_every_worker_first_then_keeps_it(ct
     assert [m["number"] for m in json.loads(capsys.readouterr().out)] == [1]
 
 
+def test_a_promotion_keeps_the_canarys_numbers_and_lifts_the_lanes_rejected_mark(ctl, monkeypatch):
+    _serving(ctl, monkeypatch)
+    (ctl.tmp / "sim.rejected").write_text(json.dumps({"digest": "d1", "why": "it failed its canary", "number": 1}))
+    canary = {"decode_tps": {"json": 40.0}, "ttft_ms": 200.0, "shape": {"max_tokens": 64, "pp": 64, "tg": 16, "runs": 3}}
+    journal = []
+    monkeypatch.setattr(lane_io, "to_journal", lambda unit, message: journal.append((unit, message)))
+    assert lane_ctl.main(["promote", str(ctl.plan), "2", "it served", json.dumps(canary)]) == 0
+    assert journal == [("sparkinfra-lane-sim.service", "promote (known good #1): it served")]  # sparkinfra logs
+    [meta] = lane_known.entries()
+    assert meta["canary"] == canary and lane_known.summary(meta)["canary"] == canary  # the next change's baseline
+    [event] = [json.loads(line) for line in (ctl.tmp / "sim.history").read_text().splitlines()]
+    assert event["canary"] == canary
+    assert not (ctl.tmp / "sim.rejected").exists()
+
+
+def test_a_rollback_by_hand_returns_to_the_set_asked_for_and_rejects_what_it_left(ctl, monkeypatch, capsys):
+    restarted = []
+    _failed_start(ctl, monkeypatch, restarted)  # sets #1 (d1) and the plan d2 placed
+    monkeypatch.setattr(lane_ctl, "cmd_wait_ready", lambda path, timeout: 0)
+    assert lane_ctl.main(["rollback", str(ctl.plan), "900", "was rolled back by hand", "7"]) == 1  # no set #7
+    assert "no known good set #7" in capsys.readouterr().err and not restarted
+    assert lane_ctl.main(["rollback", str(ctl.plan), "900", "was rolled back by hand", "1"]) == 0
+    assert restarted == [("d1", "a rollback to known good #1: lane sim's plan d2 was rolled back by hand")]
+    assert "rolled back to known good #1, lane sim plan d1, which serves again" in capsys.readouterr().err
+    mark = json.loads((ctl.tmp / "sim.rejected").read_text())
+    assert (mark["digest"], mark["number"], mark["why"]) == ("d2", 1, "it was rolled back by hand")
+
+
 def test_a_lane_that_does_not_serve_its_plan_is_not_promoted(ctl, monkeypatch, capsys):
     _serving(ctl, monkeypatch, digest="d0")  # still runs the plan before
     assert lane_ctl.main(["promote", str(ctl.plan), "2", "x"]) == 1
@@ -118,6 +147,34 @@ def test_status_lists_the_known_good_sets_newest_last():
     at = shown.index("  known good (kept on every node to return to, newest last):")
     assert shown[at + 1].startswith("    #1  ") and shown[at + 1].endswith("lane sim, plan d1, image img:1: it served")
     assert "lane sim-b, plan d2" in shown[at + 2]
+    status["rejected"] = {"digest": "d3", "at": 0, "why": "it failed its canary: decode tok/s (json) 9.0, baseline 40.0"}
+    assert any(line.startswith("  rejected: plan d3, ") and "--data retry_rejected=true" in line
+               for line in status_view.text(status).splitlines())
+
+
+def test_the_journal_gets_one_line_about_the_unit(monkeypatch):
+    sent = []
+
+    class Socket:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def connect(self, path):
+            sent.append(path)
+
+        def send(self, data):
+            sent.append(data.decode())
+
+    monkeypatch.setattr(lane_io.socket, "socket", Socket)
+    lane_io.to_journal("sparkinfra-lane-sim.service", "rollback (known good #1):\n two lines")
+    assert sent == ["/run/systemd/journal/socket", "MESSAGE=rollback (known good #1): two lines\n"
+                    "OBJECT_SYSTEMD_UNIT=sparkinfra-lane-sim.service\nSYSLOG_IDENTIFIER=sparkinfra\n"]
 
 
 def test_a_command_on_a_worker_reaches_its_shell_argument_by_argument(monkeypatch):
@@ -165,7 +222,7 @@ def test_a_failed_start_is_rolled_back_to_the_known_good_set_on_every_node(ctl, 
     monkeypatch.setattr(lane_ctl, "cmd_wait_ready", lambda path, timeout: 1 if lane_io.plan(path).digest == "d2" else 0)
     assert lane_ctl.main(["rollout", str(ctl.plan), "900", "its plan changed"]) == 1
     assert [d for d, _ in restarted] == ["d2", "d1"]  # the new plan, then the known good put back
-    assert restarted[1][1] == ("a rollback to known good #1 after lane sim's plan d2 failed to start "
+    assert restarted[1][1] == ("a rollback to known good #1: lane sim's plan d2 did not start "
                                "(rank 0 container exited with status 1)")
     assert lane_io.plan(str(ctl.plan)).digest == "d1"  # this node's files are the set's again
     assert tuple(lane_io.here("restore", str(ctl.plan), "1")) in remote  # ... and every worker's
@@ -176,9 +233,11 @@ def test_a_failed_start_is_rolled_back_to_the_known_good_set_on_every_node(ctl, 
     assert (logs / "rank1.log").read_text() == "worker journal\n"
     err = capsys.readouterr().err
     assert (f"lane sim: plan d2 did not start (rank 0 container exited with status 1): rolled back to known good #1, "
-            f"lane sim plan d1, which serves again; every rank's journal of the failed start: {logs}") in err
+            f"lane sim plan d1, which serves again (0s); every rank's journal of what was left: {logs}") in err
     events = [json.loads(line) for line in (ctl.tmp / "sim.history").read_text().splitlines()]
-    assert events[-1]["event"] == "rollback" and events[-1]["number"] == 1 and events[-1]["failed"] == "d2"
+    assert events[-1]["event"] == "rollback" and events[-1]["number"] == 1 and events[-1]["left"] == "d2"
+    mark = json.loads((ctl.tmp / "sim.rejected").read_text())  # a converge with these settings refuses d2 now
+    assert (mark["digest"], mark["number"]) == ("d2", 1) and mark["why"].startswith("it did not start (rank 0")
 
 
 def test_a_start_that_serves_is_not_rolled_back(ctl, monkeypatch):
@@ -196,7 +255,7 @@ def test_a_failed_start_with_no_other_known_good_set_says_so_and_keeps_its_logs(
     monkeypatch.setattr(lane_known, "entries", lambda root=None: [{"number": 1, "lane": "sim", "digest": "d2"}])
     assert lane_ctl.main(["rollout", str(ctl.plan), "900", "x"]) == 1
     assert [d for d, _ in restarted] == ["d2"]
-    assert "no known good set to return to; every rank's journal of the start:" in capsys.readouterr().err
+    assert "no known good set to return to; every rank's journal:" in capsys.readouterr().err
 
 
 def test_a_set_holds_what_a_converge_placed_not_the_history_or_the_runtime_marks():
@@ -206,3 +265,14 @@ def test_a_set_holds_what_a_converge_placed_not_the_history_or_the_runtime_marks
     assert set(kept) <= set(paths.lane_paths("sim"))
     assert paths.plan_path("sim") in kept and paths.validated_path("sim") in kept and f"{paths.MODS_DIR}/sim" in kept
     assert paths.history_path("sim") not in kept and not [k for k in kept if k.startswith(paths.MARKS_DIR)]
+
+
+def test_a_failed_start_never_returns_to_a_plan_an_operator_rolled_back_from(ctl, monkeypatch):
+    """#1 (d1) served, #2 (d9) was rolled back by hand to #1: a later change's rollback goes to #1."""
+    p = lane_io.plan(str(ctl.plan))
+    lane_known.keep(p, 1, "it served", 3)
+    lane_known.keep(_with(p, digest="d9"), 2, "it served", 3)
+    (ctl.tmp / "sim.rejected").write_text(json.dumps({"digest": "d9", "why": "it was rolled back by hand", "number": 1}))
+    assert lane_known.rollback_target(_with(p, digest="d5"))["number"] == 1
+    (ctl.tmp / "sim.rejected").unlink()
+    assert lane_known.rollback_target(_with(p, digest="d5"))["number"] == 2

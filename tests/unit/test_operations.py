@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -493,19 +494,77 @@ def test_the_in_image_check_runs_with_the_lanes_compile_caches_of_that_image():
 
 
 
-def test_a_serving_lane_is_promoted_once_then_known_good_is_a_noop():
-    """After the lane serves and is warm: promoted unless the head's newest set is this lane and plan."""
-    def status(known):
-        return [{"fact": "LaneStatus", "args": {"lane": "sim", "probe": False}, "value": {"known": known}}]
+def _canary(**changes):
+    from sparkinfra.bench.canary import Canary
 
-    kwargs = {"lane": "sim", "digest": "d2", "keep": 2}
-    promote = "python3 /usr/local/lib/sparkinfra/node lane_ctl promote /etc/sparkinfra/lanes/sim.json 2 " \
-              "'it served and was warm after a converge'"
-    assert run_operation("lane.lane_known_good", kwargs, status([])) == ([promote], [])
-    older = {"number": 1, "lane": "sim", "digest": "d1"}
-    assert run_operation("lane.lane_known_good", kwargs, status([older]))[0] == [promote]
-    other = {"number": 2, "lane": "sim-b", "digest": "d2"}  # the same digest of another lane is not this one
-    assert run_operation("lane.lane_known_good", kwargs, status([older, other]))[0] == [promote]
+    fields = dict(lane="sim", base_url="http://10.0.0.1:8000", served_model="tiny", api_key_env="", switch={},
+                  workloads=("json",), max_tokens=64, runs=3, pp=None, tg=16, book="", coherence=False,
+                  decode_tolerance=0.1, ttft_tolerance=0.25, baseline_results="", model="m/tiny", revision="r1",
+                  snapshot="/models/snap")
+    return Canary(**{**fields, **changes})
+
+
+def _known_good_commands(known, **kwargs):
+    """The lane_known_good operation's commands (objects, not rendered) on a head whose sets are ``known``."""
+    facts = [{"fact": "LaneStatus", "args": {"lane": "sim", "probe": False}, "value": {"known": known}}]
+    host = FakeHost("node", facts)
+    args = {"lane": "sim", "digest": "d2", "keep": 2, "canary": _canary(), "ready_timeout": 300, **kwargs}
+    with ctx_state.use(SimpleNamespace(config=SimpleNamespace(DIFF=False))), ctx_host.use(host):
+        return list(operation("lane.lane_known_good")._inner(**args)), host.noops
+
+
+class RunHost:
+    """A host a FunctionCommand runs commands on: each recorded, each succeeding."""
+
+    name = "spark-1"
+
+    def __init__(self):
+        self.ran = []
+
+    def run_shell_command(self, command, **kwargs):
+        self.ran.append(rendered(command))
+        return True, None
+
+
+def test_a_lane_already_the_newest_known_good_set_is_a_noop():
     newest = {"number": 2, "lane": "sim", "digest": "d2"}
-    assert run_operation("lane.lane_known_good", kwargs, status([older, newest])) == (
+    assert _known_good_commands([{"number": 1, "lane": "sim", "digest": "d1"}, newest]) == (
         [], ["lane sim's plan d2 is known good #2"])
+    other = {"number": 3, "lane": "sim-b", "digest": "d2"}  # the same digest of another lane is not this one
+    assert len(_known_good_commands([newest, other])[0]) == 1
+
+
+@pytest.mark.parametrize("decode, verb", [(39.0, "promote"), (20.0, "rollback")])
+def test_a_changed_lane_is_promoted_after_its_canary_or_rolled_back_when_slower(monkeypatch, decode, verb):
+    """The baseline is the newest known good set's canary of the lane: within 10 % promoted with the
+    numbers, beyond it rolled back, the operation failing with both numbers."""
+    from sparkinfra.bench import canary as bench_canary
+
+    shape = {"max_tokens": 64, "pp": None, "tg": 16, "runs": 3}
+    older = {"number": 1, "lane": "sim", "digest": "d1", "canary": {"decode_tps": {"json": 40.0}, "shape": shape}}
+    measured = {"decode_tps": {"json": decode}, "ttft_ms": None, "tg_tps": None, "shape": shape}
+    monkeypatch.setattr(bench_canary, "measure", lambda c, tokenizer, log: measured)
+    [command], _ = _known_good_commands([older])
+    head = RunHost()
+    ok = command.function(SimpleNamespace(print_input=False), head, *command.args, **command.kwargs)
+    [ran] = head.ran
+    assert ran.startswith(f"python3 /usr/local/lib/sparkinfra/node lane_ctl {verb} /etc/sparkinfra/lanes/sim.json ")
+    if verb == "promote":
+        assert ok and ran.endswith(" " + shlex.quote(json.dumps(measured, sort_keys=True)))
+        assert "canary decode tok/s json 39.0" in ran
+    else:
+        assert not ok and "300 'failed its canary: decode tok/s (json) 20.0, baseline 40.0 (-50%, may fall 10%)'" in ran
+
+
+def test_a_canary_whose_requests_fail_rolls_back(monkeypatch):
+    from sparkinfra.bench import canary as bench_canary
+    from sparkinfra.bench.probes import BenchError
+
+    def fails(c, tokenizer, log):
+        raise BenchError("http://10.0.0.1:8000/v1/chat/completions: HTTP 500 Internal Server Error")
+
+    monkeypatch.setattr(bench_canary, "measure", fails)
+    [command], _ = _known_good_commands([])
+    head = RunHost()
+    assert not command.function(SimpleNamespace(print_input=False), head)
+    assert "lane_ctl rollback" in head.ran[0] and "a canary request failed" in head.ran[0]

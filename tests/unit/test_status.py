@@ -114,6 +114,7 @@ def _report(sim, rank: int, **over) -> dict:
         "nccl_lines": ["NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE", NCCL_LINE],
         "history": copy.deepcopy(HISTORY) if rank == 0 else [],
         "known_good": [],
+        "rejected": None,
         "docker": True,
     }
     found.update(over)
@@ -782,5 +783,5 @@ def test_the_known_good_sets_are_read_from_their_metas_oldest_first(node_report,
     (tmp_path / "4" / "meta.json").write_text("{")  # cut off
     found = node_report.known_good(str(tmp_path))
     assert [(k["number"], k["lane"]) for k in found] == [(1, "sim"), (2, "sim-b")]
-    assert set(found[0]) == {"number", "lane", "digest", "image", "at", "why"}
+    assert set(found[0]) == {"number", "lane", "digest", "image", "at", "why", "canary"}
     assert node_report.known_good(str(tmp_path / "none")) == [] and node_report.known_good("") == []

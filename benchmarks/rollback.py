@@ -1,0 +1,79 @@
+"""
+How long a cluster is without an answering lane when a change fails: from the moment the runner
+knows it failed (a start that did not get ready, a canary past its tolerance) to the known good
+set answering again, against a plain warm start of the same lane, on the simulated pair, in one run.
+
+    python benchmarks/rollback.py          # as root; brings a 2-node bed up (and down at the end)
+
+Serves the sim lane (its compile caches then warm), times one warm restart of it (the head's unit
+restarted until a completion returns tokens, ``lane_ctl wait-ready``), then converges two failing
+changes through the bed's engine-hooks mod: an engine that refuses to start (``SPARKBED_ENGINE_FAIL``)
+and a slowed decode (``SPARKBED_STEP_DELAY``, failing its canary). Each rollback's own figure is the
+runner's ("which serves again (Ns)": journals kept, the lane stopped, the set restored on every node,
+started, answering). Prints each, and each over the warm start: what a rollback costs beyond
+starting the old lane again.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import sparkbed as bed  # noqa: E402
+from sparkinfra.node import paths  # noqa: E402
+
+INVENTORY = "inventory/sim.py"
+LANE = "sim"
+CHANGES = (
+    ("a start that fails (the engine refuses)", 'lane_env={"SPARKBED_ENGINE_FAIL": "1"}'),
+    ("a canary that fails (100 ms per engine step)", 'lane_env={"SPARKBED_STEP_DELAY": "0.1"}'),
+)
+SERVES_AGAIN = re.compile(r"rolled back to known good #\d+, lane \S+ plan \w+, which serves again \((\d+)s\)")
+
+
+def _pyinfra(*args: str, check: bool = True) -> str:
+    done = subprocess.run(
+        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y", *args],
+        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=bed.controller_env(),
+    )
+    if check and done.returncode != 0:
+        raise SystemExit(f"pyinfra {' '.join(args)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return done.stdout + done.stderr
+
+
+def warm_start() -> float:
+    """Seconds from a restart of the head's unit to a completion (every rank, caches warm)."""
+    plan = paths.plan_path(LANE)
+    started = time.monotonic()
+    bed.node_exec("spark-1", "sh", "-c", f"systemctl restart {paths.unit_name(LANE)} && "
+                                         f"python3 /usr/local/lib/sparkinfra/node lane_ctl wait-ready {plan} 600")
+    return time.monotonic() - started
+
+
+def main() -> int:
+    bed.up(2)
+    try:
+        _pyinfra(INVENTORY, "deploys/serve.py")
+        warm = warm_start()
+        print(f"lane {LANE} on the simulated pair: a warm start {warm:.0f} s")
+        for what, data in CHANGES:
+            said = _pyinfra(INVENTORY, "deploys/serve.py", "--data", data, check=False)
+            found = SERVES_AGAIN.search(said)
+            if not found:
+                raise SystemExit(f"{what}: no rollback said:\n{said[-3000:]}")
+            seconds = int(found[1])
+            print(f"{what}: failed -> the known good set answers in {seconds} s; rollback/warm start = "
+                  f"{seconds / warm:.2f}")
+    finally:
+        bed.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
