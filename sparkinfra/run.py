@@ -16,6 +16,7 @@ chat, the verify suite, tests).
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 import weakref
@@ -296,7 +297,26 @@ def check_command_line() -> Settings | None:
         return None
     settings = check_inventory(target, _cli_override_data(), params.get("group_data") or ())
     _checked.add(_known_as(target))
+    deploys = {Path(str(op)).stem for op in params.get("operations") or ()}
+    if settings is not None and deploys & USES_THE_KEY:
+        refuse_missing_key(settings, os.environ)
     return settings
+
+
+# The deploys that start a lane or ask its API: the key the settings name must be in the environment.
+USES_THE_KEY = {"serve", "lane", "bench", "tune"}
+
+
+def refuse_missing_key(settings: Settings, environ) -> None:
+    """Raise ``InventorySettingsError`` for a cluster whose ``api_key_env`` names a variable the
+    environment lacks or holds empty: the lane would serve with no key, or the run fail far from it."""
+    for cluster in settings.clusters.values():
+        name = cluster.config.api_key_env
+        if name and not environ.get(name):
+            said = "holds it empty" if name in environ else "does not hold it"
+            raise InventorySettingsError(
+                f"bad settings: cluster {cluster.name}: api_key_env names {name}, and this shell's environment "
+                f"{said}: export {name}=<the key> (or set api_key_env empty to serve with no key)")
 
 
 def validate_inventory(inventory_file: str) -> Settings | None:

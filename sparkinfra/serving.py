@@ -49,6 +49,13 @@ def compile_cache(lane: str) -> plan.CompileCache:
     return plan.CompileCache(root=paths.compile_cache_root(lane), mounts=dict(paths.COMPILE_CACHES))
 
 
+def wedge_bound(config) -> int:
+    """Seconds within which the head's watch restarts a wedged lane (``/health`` answers, completions
+    do not): a liveness interval, two failed completions of ``lane_liveness_timeout``, and two watches
+    (the one that asks again, and the worker checks between; measured on the bed: 39 s of 40)."""
+    return config.lane_liveness_interval + 2 * config.lane_liveness_timeout + 2 * RankPlan.watch_interval
+
+
 def runner(lane: str, verb: str, *args: str) -> StringCommand:
     """
     The command that runs ``lane_ctl VERB PLAN ARGS…`` for ``lane`` on a node (the unit's lines are

@@ -30,6 +30,7 @@ def benchy_command(
     latency_mode: str = "generation",
     book_url: str | None = None,
     coherence: bool = True,
+    template_kwargs: dict | None = None,
     python: str = sys.executable,
     module: str = "llama_benchy",
 ) -> list[str]:
@@ -42,6 +43,8 @@ def benchy_command(
     (``ps``, ``/proc/*/cmdline``) and in nothing built or logged here. llama-benchy downloads
     ``book_url`` once into ``~/.cache/llama-benchy/<md5 of url>.txt``; offline, seed that file.
     ``coherence=False`` skips its coherence check (meaningless for the bed's tiny random model).
+    ``template_kwargs``: the chat template's switches every request sends (``chat_template_kwargs``,
+    the lane's thinking switch as the probes set it), through llama-benchy's ``--extra-body``.
     """
     base = base_url.rstrip("/")
     base = base if base.endswith("/v1") else f"{base}/v1"
@@ -65,6 +68,11 @@ def benchy_command(
         args += ["--book-url", book_url]
     if not coherence:
         args.append("--skip-coherence")
+    if template_kwargs:
+        value = json.dumps(template_kwargs, separators=(",", ":"))
+        if "," in value:  # llama-benchy splits --extra-body at commas
+            raise ValueError(f"one chat template switch at a time: {template_kwargs}")
+        args += ["--extra-body", f"chat_template_kwargs={value}"]
     if api_key_env is None:
         return [python, "-m", module, *args]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .benchy import benchy_command
 from .job import copy_tokenizer, seed_book, snapshot_of, tokenizer_names
-from .probes import BenchError, probe, warmup
+from .probes import BenchError, probe, template_kwargs, warmup
 from .report import load_results
 
 
@@ -58,7 +58,8 @@ class Canary:
 
 
 def of_lane(on) -> Canary:
-    """The canary of ``on`` (a ``cluster_lane.ClusterLane``), from the cluster's settings and the lane's."""
+    """The canary of ``on`` (a ``cluster_lane.ClusterLane``), from the cluster's settings and the lane's
+    (its tolerances, unless the cluster's settings override them)."""
     config, lane = on.cluster.config, on.lane
     revision, snapshot = snapshot_of(on.cluster, lane.model)
     return Canary(
@@ -67,7 +68,9 @@ def of_lane(on) -> Canary:
         max_tokens=config.canary_max_tokens, runs=config.canary_runs,
         pp=config.bench_pp[0] if config.bench_pp else None, tg=config.bench_tg[0],
         book=config.bench_book, coherence=config.bench_coherence,
-        decode_tolerance=lane.canary.decode_tolerance, ttft_tolerance=lane.canary.ttft_tolerance,
+        decode_tolerance=lane.canary.decode_tolerance if config.canary_decode_tolerance is None
+        else config.canary_decode_tolerance,
+        ttft_tolerance=lane.canary.ttft_tolerance if config.canary_ttft_tolerance is None else config.canary_ttft_tolerance,
         baseline_results=config.canary_baseline, model=lane.model, revision=revision, snapshot=snapshot,
     )
 
@@ -107,7 +110,7 @@ def _benchy(c: Canary, tokenizer: Path) -> dict:
         argv = benchy_command(
             c.base_url, c.model, str(tokenizer), [c.pp], [c.tg], [0], [1], api_key_env=c.api_key_env or None,
             save_result=str(report), runs=c.runs, served_model_name=c.served_model, book_url=seed_book(c.book),
-            coherence=c.coherence,
+            coherence=c.coherence, template_kwargs=template_kwargs(False, c.switch),  # thinking off, as the probes
         )
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         done = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)

@@ -24,7 +24,7 @@ from ..facts.lane import LaneStatus
 from ..facts.nccl import NcclVersion
 from ..facts.stage import DockerImageId, SnapshotFiles
 from .benchy import Row, benchy_command, parse_benchy
-from .probes import THINKING_LABELS, BenchError, probe, warmup
+from .probes import THINKING_LABELS, BenchError, probe, template_kwargs, warmup
 from .report import Meta, run_dir, write_results
 
 
@@ -60,6 +60,7 @@ class Job:
     workloads: list[str]
     thinking: list[bool]
     thinking_switch: dict  # the lane's: its chat template's key and off/on values
+    sweep_thinking: bool  # the llama-benchy sweep's thinking, set through the same switch
     pp: list[int]
     tg: list[int]
     depth: list[int]
@@ -129,6 +130,7 @@ def sweep(job: Job, tokenizer: Path, folder: Path, log=print) -> tuple[list[Row]
         job.base_url, job.meta.model, str(tokenizer), job.pp, job.tg, job.depth, job.concurrency,
         api_key_env=job.api_key_env or None, save_result=str(report), runs=job.runs,
         served_model_name=job.served_model, book_url=seed_book(job.book), coherence=job.coherence,
+        template_kwargs=template_kwargs(job.sweep_thinking, job.thinking_switch),
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     started = time.monotonic()
@@ -209,6 +211,7 @@ def job_for(host, cluster, on: ClusterLane | None) -> Job:
             "plan": digest, "image_name": image, "nodes": len(cluster.nodes), "tensor_parallel": lane.tensor_parallel,
             "served_model_name": on.served_name,
             "thinking_switch": switch,
+            "sweep_thinking": config.bench_sweep_thinking,  # the llama-benchy sweep's, through the switch
             **({"VLLM_CPU_KVCACHE_SPACE": kv_space} if kv_space else {}),
         },
     )
@@ -223,6 +226,7 @@ def job_for(host, cluster, on: ClusterLane | None) -> Job:
         workloads=list(config.bench_workloads),
         thinking=list(config.bench_thinking),
         thinking_switch=switch,
+        sweep_thinking=config.bench_sweep_thinking,
         pp=list(config.bench_pp),
         tg=list(config.bench_tg),
         depth=list(config.bench_depth),

@@ -71,6 +71,12 @@ def _post(url: str, body: dict, api_key: str | None, timeout: float) -> tuple[di
 DEFAULT_SWITCH = {"key": "enable_thinking", "off_value": False, "on_value": True}
 
 
+def template_kwargs(thinking: bool, switch: dict | None = None) -> dict:
+    """The ``chat_template_kwargs`` that set the lane's thinking switch on or off."""
+    switch = switch or DEFAULT_SWITCH
+    return {switch["key"]: switch["on_value"] if thinking else switch["off_value"]}
+
+
 def request_body(
     model: str, workload: str, thinking: bool | None, max_tokens: int = 256, switch: dict | None = None
 ) -> dict:
@@ -89,8 +95,7 @@ def request_body(
         "stream": False,
     }
     if thinking is not None:
-        switch = switch or DEFAULT_SWITCH
-        body["chat_template_kwargs"] = {switch["key"]: switch["on_value"] if thinking else switch["off_value"]}
+        body["chat_template_kwargs"] = template_kwargs(thinking, switch)
     return body
 
 

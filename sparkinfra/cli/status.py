@@ -28,7 +28,7 @@ from pyinfra.api import QuoteString, StringCommand
 
 from ipaddress import IPv4Interface
 
-from .. import lanes, nccl_log, remote, roce, scripts, transfer
+from .. import lanes, nccl_log, remote, roce, scripts, serving, transfer
 from ..cluster_lane import cluster_lane
 from ..node import paths
 from ..node.paths import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
@@ -90,7 +90,8 @@ def node_report(host, query: str) -> dict:
 def api_state(cluster: Cluster, want: Expected) -> dict:
     """From the controller, as a client: the head's ``/health`` and one one-token completion."""
     base = f"http://{cluster.head.ssh_host}:{want.api_port}"
-    found = {"url": base, "health": None, "completion": None, "seconds": None}
+    found = {"url": base, "health": None, "completion": None, "seconds": None,
+             "wedge_bound": serving.wedge_bound(cluster.config)}  # what the head's watch allows a wedged lane
     try:
         with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
             found["health"] = response.status
@@ -102,13 +103,17 @@ def api_state(cluster: Cluster, want: Expected) -> dict:
     config = cluster.config
     key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
     began = time.monotonic()
+    wait = config.lane_liveness_timeout  # as long as the head's own watch waits, never longer
     try:
-        reply = chat.chat(f"{base}/v1/chat/completions", want.served_name, "ping", 1,
-                          key, timeout=60)
+        reply = chat.chat(f"{base}/v1/chat/completions", want.served_name, "ping", 1, key, timeout=wait)
         found["seconds"] = round(time.monotonic() - began, 3)
         found["completion"] = "ok" if reply.get("usage", {}).get("completion_tokens") else "no tokens"
     except urllib.error.HTTPError as exc:
         found["completion"] = f"HTTP {exc.code}"
+    except TimeoutError:
+        found["seconds"] = round(time.monotonic() - began, 3)
+        found["completion"] = (f"wedged: no token in {wait}s while /health answers (the head's watch restarts "
+                               f"the lane within {serving.wedge_bound(config)}s of it)")
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         found["completion"] = f"failed ({exc})"
     return found
@@ -129,6 +134,7 @@ def node_view(node, report: dict, head: dict, want: Expected, fabric: Fabric | N
         "plan": (report["plan"] or {}).get("digest"),
         "started": (report["started"] or {}).get("digest"),
         "container": {"running": box["running"], "since": box["started_at"]} if box else None,
+        "docker": report.get("docker", True),  # whether the Docker daemon answers
         "image_id": report["image_id"],
         "image_matches_head": bool(report["image_id"]) and report["image_id"] == head.get("image_id"),
         "snapshots_match_head": {
@@ -185,6 +191,10 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
             continue
         for other in node["other_lanes"]:
             found.append(f"{where}: another lane's unit runs ({other})")
+        if not node.get("docker", True):  # nothing about images or containers can be told then
+            found.append(f"{where}: the Docker daemon does not answer (systemctl status docker): no lane "
+                         "container can run, no image can be read")
+            continue
         if want.lane is None:
             continue
         unit = paths.unit_name(want.lane.name)
@@ -281,6 +291,17 @@ def when(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
 
 
+def kept_disk(status: dict) -> str:
+    """What the known good sets cost on disk beyond what serves: the images only they name."""
+    serving = {n.get("image_id") for n in status["nodes"] if n.get("rank") == 0}
+    extra = {k["image_id"]: k["image_bytes"] for k in status["known_good"]
+             if k.get("image_id") and k["image_id"] not in serving and k.get("image_bytes")}
+    if not extra:
+        return "the sets name no image besides the one serving"
+    return (f"the sets keep {len(extra)} image(s) besides the one serving: {sum(extra.values()) / 2**30:.1f} GiB "
+            f"on every node (known_good_keep bounds how many sets stay)")
+
+
 def text(status: dict) -> str:
     """``status`` for a person to read."""
     lines = []
@@ -295,7 +316,8 @@ def text(status: dict) -> str:
     if api:
         latency = f", a one-token completion in {api['seconds']:.2f}s" if api["seconds"] is not None else \
             f", completion: {api['completion']}" if api["completion"] else ""
-        lines.append(f"  API {api['url']}: /health {api['health']}{latency}")
+        bound = f"; a wedged engine is restarted within {api['wedge_bound']}s" if api.get("wedge_bound") else ""
+        lines.append(f"  API {api['url']}: /health {api['health']}{latency}{bound}")
     rows = [("node", "rank", "unit", "container up since", "image", "snapshots", "fabric", "GID", "NCCL")]
     for node in status["nodes"]:
         if not node["reached"]:
@@ -308,7 +330,7 @@ def text(status: dict) -> str:
         rows.append((
             node["name"], str(node["rank"]), node["unit"],
             (node["container"] or {}).get("since", "-")[:19].replace("T", " ") if node["container"] else "-",
-            (node["image_id"][7:19] if node["image_id"] else "missing")
+            (node["image_id"][7:19] if node["image_id"] else "missing" if node.get("docker", True) else "no dockerd")
             + ("" if node["rank"] == 0 or node["image_matches_head"] else " ≠head"),
             "-" if not snaps else "match" if all(snaps.values()) else "DIFFER",
             fabric, gid_cell(node), nccl_cell(node),
@@ -323,8 +345,12 @@ def text(status: dict) -> str:
     if status.get("known_good"):
         lines.append("  known good (kept on every node to return to, newest last):")
         for kept in status["known_good"]:
+            size = kept.get("image_bytes")
+            disk = "" if "image_bytes" not in kept else f" ({size / 2**30:.1f} GiB)" if size is not None else \
+                " (MISSING on the head: a rollback to it cannot start)"
             lines.append(f"    #{kept['number']}  {when(kept.get('at'))}  lane {kept['lane']}, plan {kept['digest']}, "
-                         f"image {kept['image']}: {kept.get('why', '')}")
+                         f"image {kept['image']}{disk}: {kept.get('why', '')}")
+        lines.append(f"    {kept_disk(status)}")
     rejected = status.get("rejected")
     if rejected:
         lines.append(f"  rejected: plan {rejected.get('digest')}, {when(rejected.get('at'))}: {rejected.get('why', '')} "

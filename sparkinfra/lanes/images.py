@@ -138,7 +138,7 @@ def load_recipe(folder: Path) -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        where, message = validation_error(exc, data)
+        where, message = validation_error(exc, data, Recipe)
         raise LaneError(f"{locate(source, key_text(where), line_of(lines, where))}: {message}") from None
     named = [(("dockerfile",), recipe.dockerfile)] if recipe.dockerfile else []
     named += [(("wheels", i), w) for i, w in enumerate(recipe.wheels)]

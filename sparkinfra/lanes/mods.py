@@ -21,7 +21,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .images import images_dir, load_recipe
-from .schema import Lane, LaneError, display, lane_source, mods_dir, read_yaml
+from .schema import Lane, LaneError, display, key_text, lane_source, line_of, locate, mods_dir, read_yaml, validation_error
 
 GROUP_FILE = "mod-group.yaml"
 RUN_FILE = "run.sh"
@@ -144,13 +144,12 @@ def expand(folder: Path, names: list[str], where: str, depth: int = 0, trail: tu
 
 def read_group(path: Path) -> ModGroup:
     source = display(path)
-    data, _ = read_yaml(path, source, holds="a mod group holds one mapping (mods: [name, ...])")
+    data, lines = read_yaml(path, source, holds="a mod group holds one mapping (mods: [name, ...])")
     try:
         return ModGroup.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(p) for p in error["loc"]) or "(top)"
-        raise LaneError(f"{source}: {key}: {error['msg']}") from None
+        where, message = validation_error(exc, data, ModGroup)
+        raise LaneError(f"{locate(source, key_text(where), line_of(lines, where))}: {message}") from None
 
 
 def lane_mods(lane: Lane, pins: Mapping[str, str] | None = None, fetch: bool = False) -> list[Mod]:

@@ -10,11 +10,12 @@ belong together; an error without its line sends the user hunting.
 from __future__ import annotations
 
 import codecs
+import difflib
 import os
 import re
 import stat
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -169,6 +170,11 @@ class Thinking(BaseModel):
     on_value: bool | str = Field(True, description="Its value for thinking on (MiniMax-M3: enabled).")
 
 
+# vLLM's speculative methods that draft with a separate model (``drafter``); ngram, suffix and the
+# MTP methods draft from the prompt or the target model itself.
+DRAFTER_METHODS = ("eagle", "eagle3", "draft_model", "medusa", "mlp_speculator")
+
+
 class CanaryTolerance(BaseModel):
     """How much worse a changed lane's canary may measure than its baseline before it is rolled back."""
 
@@ -281,6 +287,10 @@ class Lane(BaseModel):
                     raise _rule(f"{value!r} is not a JSON value", "speculative", key)
         if self.drafter and self.speculative is None:
             raise _rule("a drafter needs `speculative` (method, num_speculative_tokens...)", "drafter")
+        method = (self.speculative or {}).get("method")
+        if method in DRAFTER_METHODS and not self.drafter:
+            raise _rule(f"method {method} drafts with a model of its own: give the lane's `drafter`", "speculative",
+                        "method")
         for key, value in self.env.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise _rule("not an environment variable name", "env", key)
@@ -572,15 +582,38 @@ def line_of(lines: dict[tuple, int], path: tuple) -> int | None:
     return None
 
 
-def validation_error(exc: ValidationError, data: dict) -> tuple[tuple, str]:
-    """(key path, message) of the first error."""
-    err = exc.errors()[0]
+def _field_names(model: type[BaseModel], seen: set | None = None) -> set[str]:
+    """Every key ``model`` and the models of its fields take (a suggestion's candidates)."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+
+    def models_in(annotation) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in get_args(annotation) for m in models_in(arg)]
+
+    for field in model.model_fields.values():
+        for inner in models_in(field.annotation):
+            names |= _field_names(inner, seen)
+    return names
+
+
+def validation_error(exc: ValidationError, data: dict, model: type[BaseModel] | None = None) -> tuple[tuple, str]:
+    """(key path, message) of the first error; an unknown key first (a misspelt key is also a
+    missing one), with the closest key ``model`` takes when one is near."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     kind = err["type"]
     ctx = err.get("ctx") or {}
     path = _data_path(data, tuple(err["loc"]), keep_last=kind in ("missing", "extra_forbidden"))
     path = (*path, *ctx.get("path", ()))
     if kind == "extra_forbidden":
-        message = "unknown key"
+        key = str(err["loc"][-1])
+        near = difflib.get_close_matches(key, sorted(_field_names(model)), n=1, cutoff=0.75) if model else []
+        message = f"unknown key — did you mean '{near[0]}'?" if near else "unknown key"
     elif kind == "missing":
         message = "required key is missing"
     elif kind == "lane":
@@ -595,7 +628,7 @@ def _validate(data: dict, source: str, lines: dict[tuple, int]) -> Lane:
     try:
         return Lane.model_validate(data)
     except ValidationError as exc:
-        path, message = validation_error(exc, data)
+        path, message = validation_error(exc, data, Lane)
         raise LaneError(f"{locate(source, key_text(path), line_of(lines, path))}: {message}") from None
 
 

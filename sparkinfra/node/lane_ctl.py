@@ -31,15 +31,14 @@ module of its concern (``lane_io``, ``lane_history``, ``lane_rank``, ``lane_watc
     lane_ctl restart PLAN WHY  head: restart the lane's unit for a converge, WHY kept as the reason
                                   of the stop and of the start; systemctl's exit status
     lane_ctl rollout PLAN TIMEOUT WHY
-                                  head: a converge's start (``restart``, then ``wait-ready``); a start that
-                                  fails or is not ready in TIMEOUT seconds: every rank's journal kept in
-                                  /var/lib/sparkinfra/failed-starts/, the lane stopped, the newest known
-                                  good set of another plan restored on every node and started; exit 1
+                                  head: a converge's start (``restart``, then ``wait-ready``); one that
+                                  fails or is not ready in TIMEOUT seconds is rolled back (``rollback``); exit 1
     lane_ctl rollback PLAN TIMEOUT WHY [N]
                                   head: the lane left for known good set N (default: the newest of
-                                  another plan) on every node, WHY it is left (its canary failed,
-                                  an operator asked): its journals kept, the set restored, started
-                                  and waited for; the plan left marked rejected; 0: the set serves
+                                  another plan not rejected), WHY (its canary failed, an operator asked):
+                                  every rank's journal kept in /var/lib/sparkinfra/failed-starts/, the set
+                                  restored on every node, started and waited for; the plan left marked
+                                  rejected; 0: the set serves
     lane_ctl restore PLAN N    this node: known good set N's files put back (the head runs it on workers)
     lane_ctl history PLAN [N]  head: the last N (20) starts, readies, stops, promotions and rollbacks, one JSON line each
     lane_ctl promote PLAN KEEP WHY [CANARY]
@@ -52,8 +51,8 @@ module of its concern (``lane_io``, ``lane_history``, ``lane_rank``, ``lane_watc
                                   this node's rank kept as known good set N (the head runs it on workers)
     lane_ctl known PLAN        JSON: the known good sets kept on this node, oldest first
     lane_ctl stop PLAN         worker: stop this rank's unit; prints ``stopped`` or what it was
-    lane_ctl clean PLAN        ExecStartPre, every rank: remove the stale /dev/shm/psm_* segments a
-                                  crashed container left, drop the page cache
+    lane_ctl clean PLAN        ExecStartPre, every rank: remove what a killed start left in /dev/shm
+                                  (psm_*, sem.mp-*) that no live process holds, drop the page cache
     lane_ctl status PLAN       JSON: units, container, started digest, workers, API, the head's last
                                   5 events and its known good sets; {} when the lane is not placed
                                   (--local: this node only, no workers, no API request)
@@ -203,36 +202,33 @@ def cmd_restart(path: str, why: str) -> int:
     return done.returncode
 
 
+def start_waited(timeout: float):
+    """A start of a plan on the head, for ``lane_known.roll_back``: ``restart`` with the reason, then
+    ``wait-ready`` within ``timeout`` seconds; whether it serves."""
+    return lambda plan, why: cmd_restart(plan, why) == 0 and cmd_wait_ready(plan, timeout) == 0
+
+
 def cmd_rollout(path: str, timeout: float, why: str) -> int:
     """
-    A converge's start of the lane's plan on the head: ``restart`` with ``why``, then ``wait-ready``.
-    A start that fails or does not get ready within ``timeout`` is rolled back (``lane_known.roll_back``).
-    0: the new plan serves; 1: it does not (whether the rollback served or not).
+    A converge's start of the lane's plan on the head (``start_waited``). A start that fails or does not
+    get ready within ``timeout`` is rolled back (``lane_known.roll_back``). 0: the new plan serves;
+    1: it does not (whether the rollback served or not: the converge did not bring what it asked for).
     """
-    def start(plan: str, reason: str) -> bool:
-        return cmd_restart(plan, reason) == 0 and cmd_wait_ready(plan, timeout) == 0
-
-    if start(path, why):
+    if start_waited(timeout)(path, why):
         return 0
     p = lane_io.plan(path)
-    lane_known.roll_back(p, path, start, lane_known.start_failure(p))
-    return 1  # the converge did not bring what it asked for
+    lane_known.roll_back(p, path, start_waited(timeout), lane_known.start_failure(p))
+    return 1
 
 
 def cmd_rollback(path: str, timeout: float, why: str, number: int | None) -> int:
-    """
-    The head: the lane of ``path`` left for known good set ``number`` (None: the newest of another
-    plan), ``why`` it is left (its canary failed, an operator asked); the set started and waited
-    for (``lane_known.roll_back``). 0: the set serves.
-    """
-    def start(plan: str, reason: str) -> bool:
-        return cmd_restart(plan, reason) == 0 and cmd_wait_ready(plan, timeout) == 0
-
+    """The head: the lane of ``path`` left for known good set ``number`` (None: the newest of another
+    plan), ``why`` it is left (its canary failed, an operator asked); 0: the set serves."""
     p = lane_io.plan(path)
     if p.rank != 0:
         lane_io.say("rollback runs on the lane's head (rank 0), which puts the set back on every node")
         return 2
-    return 0 if lane_known.roll_back(p, path, start, why, number) else 1
+    return 0 if lane_known.roll_back(p, path, start_waited(timeout), why, number) else 1
 
 
 def cmd_history(path: str, count: int = 20) -> int:
@@ -244,14 +240,16 @@ def cmd_history(path: str, count: int = 20) -> int:
 
 
 def cmd_clean(path: str) -> int:
-    """Before a start (the lane's container is gone): stale PSM segments, then the page cache."""
+    """Before a start (the lane's container is gone): the stale shared memory of a killed start
+    (PSM segments, multiprocessing semaphores) no live process holds, then the page cache."""
     lane_io.plan(path)
-    stale = sorted(Path(lane_rank.SHM).glob("psm_*"))
+    stale = lane_rank.stale_shm()
     size = sum(f.stat().st_size for f in stale if f.is_file())
     for segment in stale:
         segment.unlink(missing_ok=True)
     if stale:
-        lane_io.say(f"removed {len(stale)} stale {lane_rank.SHM}/psm_* segment(s) of a crashed start ({size / 2**20:.0f} MiB)")
+        lane_io.say(f"removed {len(stale)} stale {lane_rank.SHM} object(s) of a killed start "
+                    f"(psm_*, sem.mp-*: {size / 2**20:.0f} MiB)")
     lane_rank.drop_page_cache()
     return 0
 
@@ -327,7 +325,23 @@ def cmd_warmup(path: str) -> int:
     return 0 if lane_watch.warm(lane_io.plan(path)) else 1
 
 
+NOT_PLACED = 3  # the exit status of a verb whose plan is not on this node
+
+
 def main(argv: list[str]) -> int:
+    """Run the verb ``argv[0]`` on the plan ``argv[1]``; a plan that is not on this node is said as
+    such (exit ``NOT_PLACED``), never as a traceback."""
+    try:
+        return dispatch(argv)
+    except FileNotFoundError as exc:
+        if len(argv) < 2 or exc.filename != argv[1]:
+            raise
+        print(f"lane_ctl {argv[0]}: no plan {argv[1]} on this node (the lane is not placed here: a converge "
+              "places it)", file=sys.stderr)
+        return NOT_PLACED
+
+
+def dispatch(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2

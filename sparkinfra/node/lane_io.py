@@ -180,6 +180,11 @@ def lane_of_unit(p: RunnerPlan, unit: str) -> str:
     return ""
 
 
+def docker_answers() -> bool:
+    """Whether this node's Docker daemon answers (its server version)."""
+    return sh("docker", "version", "-f", "{{.Server.Version}}", timeout=30).returncode == 0
+
+
 def image_id(image: str) -> str:
     return sh("docker", "image", "inspect", "-f", "{{.Id}}", image).stdout.strip()
 

@@ -122,7 +122,10 @@ def write_nccl_env(p: RunnerPlan) -> str:
 
 def container_check(p: RunnerPlan) -> tuple[bool, list[str]]:
     """This rank's ``container_check.py`` run in a container of its own options and image: its verdict
-    and lines (``container check: PASS|FAIL …``)."""
+    and lines (``container check: PASS|FAIL …``); a Docker daemon that does not answer, said as such."""
+    if not lane_io.docker_answers():
+        return False, ["container check: FAIL docker: the Docker daemon does not answer on this node "
+                       "(systemctl status docker)"]
     try:
         options = rank_options(p)
     except RuntimeError as exc:
@@ -136,6 +139,36 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
 SHM = "/dev/shm"
+PROC = "/proc"
+# What a killed vLLM leaves in /dev/shm: PSM's segments (the CPU build's shared-memory broadcast) and
+# Python multiprocessing's named semaphores (``sem.mp-*``), which only their creator unlinks.
+STALE_SHM = ("psm_*", "sem.mp-*")
+
+
+def shm_in_use(proc: str | None = None) -> set[str]:
+    """The names in ``SHM`` some live process has mapped or open (``/proc/PID/maps`` and ``fd``):
+    a running tenant's, never stale."""
+    used = set()
+    prefix = SHM.rstrip("/") + "/"
+    for pid in Path(proc or PROC).glob("[0-9]*"):
+        try:
+            for line in (pid / "maps").read_text().splitlines():
+                at = line.find(prefix)
+                if at >= 0:
+                    used.add(line[at + len(prefix):].split()[0])
+            for fd in (pid / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith(prefix):
+                    used.add(target[len(prefix):].split()[0])
+        except OSError:  # a process that ended meanwhile, or one we may not read
+            continue
+    return used
+
+
+def stale_shm(proc: str | None = None) -> list[Path]:
+    """The PSM segments and multiprocessing semaphores in ``SHM`` no live process holds."""
+    used = shm_in_use(proc)
+    return sorted(f for pattern in STALE_SHM for f in Path(SHM).glob(pattern) if f.name not in used)
 
 
 def drop_page_cache() -> None:

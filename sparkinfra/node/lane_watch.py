@@ -180,7 +180,9 @@ def watch_head(p: RunnerPlan, path: str, child: subprocess.Popen) -> int:
                 lane_history.record(p, "ready", "its API answers /health", seconds=lane_history.seconds_since_start(p, started))
                 warm(p)  # after any (re)start, also one nobody asked for: JIT costs stay out of use
             continue
-        if lost_since or now - last_live >= p.liveness_interval:
+        # At once again after a failed completion: a wedged engine is told within the interval,
+        # two timeouts and a watch (``serving.wedge_bound``), not two intervals.
+        if lost_since or failed or now - last_live >= p.liveness_interval:
             ok, detail = lane_io.completion(p, timeout=p.liveness_timeout)
             last_live = time.monotonic()
             failed = 0 if ok else failed + 1
@@ -282,8 +284,9 @@ def warm(p: RunnerPlan) -> bool:
     return True
 
 
-# A Python error's line in a rank's log (a traceback's last line, a mod's or vLLM's own words).
-ERROR_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception): \S")
+# A traceback's last line in a rank's log (a mod's or vLLM's own words), after vLLM's process prefix
+# ("(EngineCore pid=51) "); not a log line that quotes an error (a WARNING naming a ValueError).
+ERROR_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?[A-Za-z_][\w.]*(Error|Exception): \S")
 
 
 def first_error(lines: list[str]) -> str | None:

@@ -189,7 +189,8 @@ def rejected(path: str) -> dict | None:
 
 
 def known_good(folder: str) -> list[dict]:
-    """The known good sets kept in ``folder`` (``<n>/meta.json`` each), oldest first."""
+    """The known good sets kept in ``folder`` (``<n>/meta.json`` each), oldest first, each with the
+    size of its image on this node (None: the image is gone, a rollback to the set cannot start)."""
     found = []
     for meta in Path(folder).glob("*/meta.json") if folder else []:
         try:
@@ -197,7 +198,9 @@ def known_good(folder: str) -> list[dict]:
         except (OSError, ValueError):
             continue
         if isinstance(entry, dict) and isinstance(entry.get("number"), int):
-            found.append({k: entry.get(k) for k in ("number", "lane", "digest", "image", "at", "why", "canary")})
+            kept = {k: entry.get(k) for k in ("number", "lane", "digest", "image", "at", "why", "canary")}
+            size = sh("docker", "image", "inspect", "-f", "{{.Size}}", entry["image_id"]) if entry.get("image_id") else ""
+            found.append({**kept, "image_id": entry.get("image_id"), "image_bytes": int(size) if size.isdigit() else None})
     return sorted(found, key=lambda e: e["number"])
 
 

@@ -203,7 +203,8 @@ class HostSettings(BaseModel):
     # Serving (deploys/lane.py)
     api_key_env: str = Field(
         "", pattern=f"^({ENV_NAME})?$",
-        description="Controller environment variable holding the API key the head serves with; empty: no key.",
+        description="Controller environment variable holding the API key the head serves with; empty: no key. "
+        "serve, lane, bench and tune refuse to start while it is unset or empty.",
     )
     lane: LaneName = Field(
         "", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none."
@@ -251,6 +252,13 @@ class HostSettings(BaseModel):
         256, ge=1, description="Completion tokens of each canary probe (seed 001's probes: 256); a bench "
         "result named by canary_baseline is compared only when its probes had as many."
     )
+    canary_decode_tolerance: float | None = Field(
+        None, ge=0, lt=1, description="Overrides every lane's canary.decode_tolerance on this cluster (a site "
+        "whose numbers swing more, as a test bed sharing its cores); empty: the lane's."
+    )
+    canary_ttft_tolerance: float | None = Field(
+        None, ge=0, description="Overrides every lane's canary.ttft_tolerance on this cluster; empty: the lane's."
+    )
     canary_baseline: ControllerPath = Field(
         "", description="A bench result folder (results/<cluster>/<lane>/<time>) the canary compares with; "
         "empty: the canary of the lane's newest known good set."
@@ -274,6 +282,10 @@ class HostSettings(BaseModel):
     )
     bench_thinking: list[bool] = Field(
         [False, True], min_length=1, description="Thinking modes of the probes (chat_template_kwargs)."
+    )
+    bench_sweep_thinking: bool = Field(
+        False, description="Thinking in the llama-benchy sweep, set through the lane's switch as the probes set "
+        "it (a template that thinks by default would otherwise measure another workload than the probes)."
     )
     bench_pp: list[Annotated[int, Field(ge=1)]] = Field([2048], description="llama-benchy prompt sizes; empty: no sweep.")
     bench_tg: list[Annotated[int, Field(ge=1)]] = Field([32], min_length=1, description="llama-benchy generation sizes.")

@@ -125,7 +125,7 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
         meta = json.loads(bed.node(node, "cat /var/lib/sparkinfra/known-good/1/meta.json").stdout)
         assert (meta["lane"], meta["digest"], meta["rank"]) == ("sim", digest, rank), meta
         if rank == 0:  # the next change's baseline
-            assert meta["canary"]["decode_tps"]["json"] == float(canary[2]), meta
+            assert abs(meta["canary"]["decode_tps"]["json"] - float(canary[2])) <= 0.05, meta  # printed to 0.1
         assert "/etc/sparkinfra/lanes/sim.json" in meta["files"] and "/etc/sparkinfra/lanes/sim.env" in meta["files"]
         kept = bed.node(node, "cmp /etc/sparkinfra/lanes/sim.json "
                               "/var/lib/sparkinfra/known-good/1/files/etc/sparkinfra/lanes/sim.json", check=False)
@@ -208,7 +208,9 @@ def test_status_shows_both_ranks_serving_and_its_json_round_trips(serving):
     assert "start" in events and "promote" in events[events.index("start"):], cluster["history"]
     assert any(e["why"].startswith("a converge") for e in cluster["history"] if e["event"] == "start"), cluster["history"]
     assert [(k["number"], k["lane"], k["digest"]) for k in cluster["known_good"]] == [(1, "sim", cluster["digest"])]
-    assert re.search(rf"^    #1  \S+ \S+  lane sim, plan {cluster['digest']}, image \S+: it served", out, re.M), out
+    kept = rf"^    #1  \S+ \S+  lane sim, plan {cluster['digest']}, image \S+ \([\d.]+ GiB\): it served"
+    assert re.search(kept, out, re.M), out
+    assert "    the sets name no image besides the one serving" in out.splitlines(), out  # one set, the one serving
 
 
 def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
@@ -216,7 +218,12 @@ def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
     notes): the head's unit notices by itself (no controller) and restarts the lane as a whole, the
     worker's start removes the segment, the lane is warmed, and a converge afterwards changes nothing."""
     before, since = {n: _container_id(bed, n) for n in ("spark-1", "spark-2")}, time.time() - 1
-    bed.node("spark-2", f"docker kill {CONTAINER} && head -c 1048576 /dev/zero > /dev/shm/psm_0f0f.sparkbed")
+    # ... and a multiprocessing semaphore of the killed start, beside one a live process holds open
+    holder = bed.node("spark-2", "echo s > /dev/shm/sem.mp-sparkbedlive && setsid sh -c "
+                                 "'exec 3</dev/shm/sem.mp-sparkbedlive; exec sleep 900' >/dev/null 2>&1 < /dev/null & echo $!"
+                      ).stdout.split()[-1]
+    bed.node("spark-2", f"docker kill {CONTAINER} && head -c 1048576 /dev/zero > /dev/shm/psm_0f0f.sparkbed "
+                        "&& echo s > /dev/shm/sem.mp-sparkbed0f0f")
     started = time.monotonic()
     deadline = started + 240
     while time.monotonic() < deadline:
@@ -231,9 +238,11 @@ def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
     else:
         pytest.fail(f"lane {lane} did not come back by itself: {before} -> {after}")
     print(f"lane {lane}: serving again {time.monotonic() - started:.0f}s after its worker was killed")
-    assert bed.node("spark-2", "ls /dev/shm/psm_0f0f.sparkbed 2>/dev/null", check=False).stdout == ""
+    left = bed.node("spark-2", "ls /dev/shm/psm_0f0f.sparkbed /dev/shm/sem.mp-sparkbed* 2>/dev/null", check=False).stdout
+    bed.node("spark-2", f"kill {int(holder)}; rm -f /dev/shm/sem.mp-sparkbedlive")  # the holder this test started
+    assert left.split() == ["/dev/shm/sem.mp-sparkbedlive"], left  # the dead start's gone, the live one's kept
     journal = _journal(bed, "spark-2", lane, since)  # (vLLM's own shared memory is psm_* too: a count of ours and its)
-    assert re.search(r"removed \d+ stale /dev/shm/psm_\* segment\(s\) of a crashed start", journal), journal[-3000:]
+    assert re.search(r"removed \d+ stale /dev/shm object\(s\) of a killed start", journal), journal[-3000:]
     _wait_warm(bed, lane)  # the head warms a lane it restarted itself
     data = () if lane == "sim" else (f"lane={lane}",)
     run = bed.converge(INV, "deploys/serve.py", *data)
@@ -242,6 +251,34 @@ def _killed_worker_comes_back(bed, lane="sim", model="tiny"):
 
 def _restarts(bed, node="spark-1", lane="sim"):
     return int(bed.node(node, f"systemctl show -p NRestarts --value {UNIT.format(lane)}").stdout.strip() or 0)
+
+
+@pytest.mark.long  # make test-all (a wedge told within its bound, then a start: about 70 s), not CI's
+def test_a_wedged_engine_is_restarted_within_the_bound_status_prints(serving):
+    """The head's engine core frozen (SIGSTOP) while its API server still answers /health: status says
+    wedged within its own timeout, and the head's watch restarts the lane within the bound status
+    prints (issue 42), by itself."""
+    bed, _, _ = serving
+    shown = bed.controller(sys.executable, "-m", "sparkinfra", "status", INV)
+    bound = int(re.search(r"a wedged engine is restarted within (\d+)s", shown.stdout)[1])
+    before = _container_id(bed, "spark-1")
+    pid = bed.node("spark-1", "pgrep -f 'EngineCore' | head -1").stdout.strip()
+    frozen = time.time()
+    bed.node("spark-1", f"kill -STOP {int(pid)}")  # the lane's own engine, which the restart replaces
+    began = time.monotonic()
+    wedged = bed.controller(sys.executable, "-m", "sparkinfra", "status", INV, "--json")
+    said = json.loads(wedged.stdout)["clusters"][0]["api"]
+    assert said["completion"].startswith("wedged: no token in "), said
+    assert time.monotonic() - began < 10 + 15, "status waited longer than its own timeout"
+    deadline = time.monotonic() + bound + 60
+    while time.monotonic() < deadline and _container_id(bed, "spark-1") in (before, None):
+        time.sleep(2)
+    stop = next(e for e in _status(bed)["history"] if e["event"] == "stop" and e["at"] >= frozen)
+    assert stop["why"].startswith("the API stopped completing"), stop
+    print(f"wedge told {stop['at'] - frozen:.0f}s after the freeze (bound {bound}s)")
+    assert stop["at"] - frozen <= bound + 3, (stop, bound)  # (a few seconds of the test's own reads)
+    _wait_warm(bed)
+    assert _chat(bed)["usage"]["completion_tokens"] > 0
 
 
 @pytest.mark.long  # make test-all (the port down past the liveness window, then backed-off starts: 95 s), not CI's

@@ -193,3 +193,19 @@ def test_refused_in_process(kind, tmp_path, monkeypatch):
         if missing:
             failures.append(f"{case.name}: {missing} not in {message!r}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("environ, said", [({}, "does not hold it"), ({"SPARKINFRA_TEST_KEY": ""}, "holds it empty")])
+def test_a_serving_run_whose_api_key_variable_is_unset_is_refused_before_connecting(tmp_path, environ, said):
+    """The control project, served (deploys/serve.py) with api_key_env naming a variable the shell lacks:
+    refused naming the cluster, the setting and the variable, before pyinfra goes for a host."""
+    root = copy_project(GOOD, tmp_path / "p")
+    shutil.copy(REPO / "deploys/serve.py", root / "deploys/serve.py")
+    env = {k: v for k, v in os.environ.items() if k != "SPARKINFRA_TEST_KEY"}
+    proc = subprocess.run([str(PYINFRA), "-y", INV, "deploys/serve.py", "--data", "api_key_env=SPARKINFRA_TEST_KEY"],
+                          cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                          env={**env, **environ, "HOME": str(tmp_path)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not CONNECTING.search(out), out
+    assert f"api_key_env names SPARKINFRA_TEST_KEY, and this shell's environment {said}" in out, out
+    assert "Traceback" not in out

@@ -185,6 +185,20 @@ def test_benchy_command_is_accepted_by_llama_benchy(monkeypatch):
     assert parsed.pp_counts == [2048] and parsed.tg_counts == [32, 128] and parsed.depths == [0, 8192]
     assert parsed.concurrency_levels == [1, 2, 4] and parsed.num_runs == 5 and parsed.skip_coherence
     assert parsed.latency_mode == "generation" and parsed.api_key == "EMPTY"
+    assert parsed.extra_body == {}
+
+
+def test_the_sweep_sets_the_lanes_thinking_switch_as_the_probes_do(monkeypatch):
+    """M3's template thinks by default: a sweep that sends no switch measures another workload."""
+    config = pytest.importorskip("llama_benchy.config")
+    m3 = {"key": "thinking_mode", "off_value": "disabled", "on_value": "enabled"}
+    off = probes.template_kwargs(False, m3)
+    assert off == {"thinking_mode": "disabled"} and probes.request_body("m", "json", False, 8, m3)["chat_template_kwargs"] == off
+    argv = benchy_command("http://h:8000", "m", "/t", [64], [16], [0], [1], template_kwargs=off)
+    monkeypatch.setattr(sys, "argv", ["llama-benchy", *argv[3:]])
+    assert config.BenchmarkConfig.from_args().extra_body == {"chat_template_kwargs": {"thinking_mode": "disabled"}}
+    with pytest.raises(ValueError, match="one chat template switch at a time"):
+        benchy_command("http://h", "m", "/t", [1], [1], [0], [1], template_kwargs={"a": 1, "b": 2})
 
 
 def test_benchy_command_takes_the_key_from_the_environment_into_no_argv(tmp_path):
@@ -389,7 +403,8 @@ def test_fetch_tokenizer_copies_once_by_size(tmp_path):
     the_job = job.Job(
         base_url="http://h:8000", served_model="tiny", api_key_env="", snapshot="/hf/snap",
         tokenizer_files={"tokenizer.json": 5, "config.json": 5}, probes=1, max_tokens=8, workloads=["json"],
-        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, pp=[], tg=[1], depth=[0], concurrency=[1], runs=1, book="",
+        thinking=[False], thinking_switch=probes.DEFAULT_SWITCH, sweep_thinking=False, pp=[], tg=[1], depth=[0],
+        concurrency=[1], runs=1, book="",
         coherence=False,
         results_dir=str(tmp_path), meta=report.Meta(cluster="c", lane="l", model="org/m", model_revision="abc"),
     )

@@ -120,3 +120,15 @@ def test_llama_benchys_report_gives_the_median_ttft_of_the_depth_zero_one_user_r
                            "ttfr": {"values": [25.4, 24.6, 30.0]}, "tg_throughput": {"values": [49.2, 49.1, 10.0]}}]}
     assert canary.benchy_numbers(raw, 64, 16) == {"ttft_ms": 25.4, "tg_tps": 49.1}
     assert canary.benchy_numbers(json.loads('{"benchmarks": []}'), 64, 16) == {"ttft_ms": None, "tg_tps": None}
+
+
+def test_the_bed_clusters_settings_override_its_lanes_tolerances():
+    from sparkinfra.cluster_lane import cluster_lane
+    from sparkinfra.run import load_files
+
+    _, settings = load_files("inventory/sim.py")
+    on = cluster_lane(settings.clusters["sim"])
+    c = canary.of_lane(on)
+    assert (on.lane.canary.decode_tolerance, on.lane.canary.ttft_tolerance) == (0.1, 0.25)  # the lane's defaults
+    assert (c.decode_tolerance, c.ttft_tolerance) == (0.6, 20.0)  # group_data/bed.py
+    assert (c.max_tokens, c.runs, c.pp, c.tg) == (16, 3, 64, 16) and c.lane == "sim" and c.served_model == "tiny"

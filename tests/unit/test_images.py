@@ -108,7 +108,7 @@ def test_the_tarball_holds_every_file_with_its_mode():
      "key 'wheels[0]': 'x/../../y.whl': a recipe's files are in its folder"),
     ("dockerfile: D\ncommit: " + "a" * 40 + "\n", {"D": ""}, "key 'commit': only for a repository recipe"),
     ("dockerfile: D\nbuild_args: {'a b': x}\n", {"D": ""}, "key 'build_args': 'a b' is not a build argument name"),
-    ("dockerfile: D\nbsae: x\n", {"D": ""}, "key 'bsae'"),
+    ("dockerfile: D\nbsae: x\n", {"D": ""}, "line 2, key 'bsae': unknown key — did you mean 'base'?"),
     ("repository: https://x/y\ncommit: main\nscript: [./b]\nproduces: i:1\n", {}, "key 'commit'"),
     ("repository: https://x/y\ncommit: " + "a" * 40 + "\n", {}, "a repository recipe needs script, produces"),
     ("repository: https://x/y\ncommit: " + "a" * 40 + "\nscript: [./b]\nproduces: i\nvllm_ref: v1\n", {},

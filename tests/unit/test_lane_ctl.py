@@ -21,6 +21,12 @@ from sparkinfra.node import docker, lane_ctl, lane_history, lane_io, lane_rank, 
 from sparkinfra.node.plan import RunnerPlan, Worker
 
 
+@pytest.fixture(autouse=True)
+def docker_up(monkeypatch):
+    """Every node's Docker daemon answers, unless a test says otherwise."""
+    monkeypatch.setattr(lane_io, "docker_answers", lambda: True)
+
+
 @pytest.fixture
 def ctl(tmp_path):
     """The runner's folder of the test: ``ctl.tmp`` (plans/sim.env in it)."""
@@ -177,6 +183,16 @@ def test_a_failed_search_names_the_image(ctl, monkeypatch):
                                 "docker: no such image"]
 
 
+def test_a_docker_daemon_that_does_not_answer_is_named_by_the_container_check(ctl, monkeypatch):
+    ran = []
+    monkeypatch.setattr(lane_io, "docker_answers", lambda: False)
+    monkeypatch.setattr(lane_io, "sh", lambda *a, **k: ran.append(a) or subprocess.CompletedProcess(a, 1, "", "x"))
+    p = _plan(ctl, nccl_pin="/opt/nccl/lib/libnccl.so.2", container_check={"programs": "/p", "mount": "/run/p"})
+    assert lane_rank.container_check(p) == (False, [
+        "container check: FAIL docker: the Docker daemon does not answer on this node (systemctl status docker)"])
+    assert ran == []  # no docker run tried, no "unknown server OS" retried
+
+
 # A lane's NCCL changes (nccl_env): the node's file with them, written before every docker run
 # -----------------------------------------------------------------------------------------
 
@@ -331,19 +347,27 @@ def test_the_dropper_gives_up_and_stops_with_the_container(ctl, monkeypatch, cap
     assert _dropper(ctl, monkeypatch, capsys, None) == (0, "0", "")  # instanttensor, or set off: nothing
 
 
-def test_clean_removes_stale_psm_segments_then_drops_the_page_cache(ctl, monkeypatch, capsys):
+def test_clean_removes_the_shared_memory_no_live_process_holds_then_drops_the_page_cache(ctl, monkeypatch, capsys):
     shm, drops = ctl.tmp / "shm", ctl.tmp / "drop_caches"
     shm.mkdir()
     (shm / "psm_1a2b").write_bytes(b"x" * 2**20)
     (shm / "psm_ffff").write_bytes(b"")
     (shm / "torch_123").write_bytes(b"keep")  # not PSM's: another tenant's
+    (shm / "sem.mp-dead1").write_bytes(b"s")  # a killed start's semaphore
+    (shm / "sem.mp-live2").write_bytes(b"s")  # a live process's: it has it mapped
+    (shm / "psm_open").write_bytes(b"s")  # ... or open
+    proc = ctl.tmp / "proc"
+    (proc / "41" / "fd").mkdir(parents=True)
+    (proc / "41" / "maps").write_text(f"7f00-7f01 rw-s 00000000 00:1a 12 {shm}/sem.mp-live2\n")
+    (proc / "41" / "fd" / "3").symlink_to(shm / "psm_open")
+    monkeypatch.setattr(lane_rank, "PROC", str(proc))
     monkeypatch.setattr(lane_rank, "SHM", str(shm))
     monkeypatch.setattr(lane_rank, "DROP_CACHES", str(drops))
     plan = ctl.tmp / "sim.json"
     plan.write_text(_plan(ctl).to_json())
     assert lane_ctl.cmd_clean(str(plan)) == 0
-    assert sorted(p.name for p in shm.iterdir()) == ["torch_123"] and drops.read_text() == "3\n"
-    assert "removed 2 stale" in capsys.readouterr().err
+    assert sorted(p.name for p in shm.iterdir()) == ["psm_open", "sem.mp-live2", "torch_123"]
+    assert drops.read_text() == "3\n" and "removed 3 stale" in capsys.readouterr().err
     assert lane_ctl.cmd_clean(str(plan)) == 0 and "removed" not in capsys.readouterr().err
 
 
@@ -843,8 +867,37 @@ def test_the_journal_is_read_from_the_starts_beginning_then_only_new_lines(ctl, 
 
 
 def test_a_failed_starts_first_error_is_named_not_vllms_pointer_to_it():
-    lines = ["INFO loading", "(EngineCore pid=51) RuntimeError: mod sparkbed-engine-hooks: the engine refuses to start",
+    lines = ["INFO loading",
+             "(APIServer pid=1) WARNING 12-07 08:59:29 [system_utils.py:255] Found ulimit of 20000 and failed to "
+             "automatically increase with error ValueError: not allowed. This can cause fd limit errors.",
+             "(EngineCore pid=51) RuntimeError: mod sparkbed-engine-hooks: the engine refuses to start",
              "Traceback (most recent call last):",
              "RuntimeError: Engine core initialization failed. See root cause above."]
-    assert lane_watch.first_error(lines) == lines[1]
-    assert lane_watch.first_error(lines[2:]) is None and lane_watch.first_error(["KeyError: 'x'"]) == "KeyError: 'x'"
+    assert lane_watch.first_error(lines) == lines[2]
+    assert lane_watch.first_error(lines[3:]) is None and lane_watch.first_error(["KeyError: 'x'"]) == "KeyError: 'x'"
+
+
+def test_a_verb_whose_plan_is_not_on_the_node_says_so_without_a_traceback(tmp_path, capsys):
+    missing = str(tmp_path / "sim.json")
+    assert lane_ctl.main(["stop", missing]) == lane_ctl.NOT_PLACED
+    assert capsys.readouterr().err == (f"lane_ctl stop: no plan {missing} on this node (the lane is not placed here: "
+                                       "a converge places it)\n")
+
+
+def test_a_failed_liveness_completion_is_asked_again_at_the_next_watch_not_after_the_interval(ctl, monkeypatch):
+    """A wedged engine (no worker lost): after one failed completion the next comes at the next watch,
+    so the lane restarts within the interval, two timeouts and a watch (``serving.wedge_bound``)."""
+    clock = iter(range(0, 100_000))  # one second a reading: a 30 s interval is many watches
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    child, at = _Child(), []
+    answers = [(True, "ok"), (False, "HTTP 0: timed out"), (False, "HTTP 0: timed out")]
+    monkeypatch.setattr(lane_watch, "worker_states", lambda p: FINE)
+    monkeypatch.setattr(lane_io, "request", lambda p, path, timeout=10: (200, {}))
+    monkeypatch.setattr(lane_watch, "warm", lambda p: True)
+    monkeypatch.setattr(lane_io, "completion", lambda p, timeout=60: at.append(child.watches) or answers.pop(0))
+    monkeypatch.setattr(lane_watch, "stop_workers", lambda p, path: None)
+    monkeypatch.setattr(lane_watch, "stop_container", lambda p, c: None)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setattr(lane_io, "say", lambda line: None)
+    assert lane_watch.watch_head(_head(ctl, liveness_interval=30, watch_grace=0), "PLAN", child) == 1
+    assert at[1] - at[0] > 3 and at[2] - at[1] == 1, at  # the interval, then at once

@@ -147,6 +147,17 @@ def test_status_lists_the_known_good_sets_newest_last():
     at = shown.index("  known good (kept on every node to return to, newest last):")
     assert shown[at + 1].startswith("    #1  ") and shown[at + 1].endswith("lane sim, plan d1, image img:1: it served")
     assert "lane sim-b, plan d2" in shown[at + 2]
+    assert shown[at + 3] == "    the sets name no image besides the one serving"
+    status["nodes"] = [{"name": "spark-1", "rank": 0, "image_id": "sha256:b", "reached": False}]
+    status["known_good"][0].update(image_id="sha256:a", image_bytes=3 * 2**30)
+    status["known_good"][1].update(image_id="sha256:b", image_bytes=2**30)
+    shown = status_view.text(status).splitlines()
+    at = shown.index("  known good (kept on every node to return to, newest last):")
+    assert shown[at + 1].endswith("image img:1 (3.0 GiB): it served")
+    assert shown[at + 3] == ("    the sets keep 1 image(s) besides the one serving: 3.0 GiB on every node "
+                             "(known_good_keep bounds how many sets stay)")
+    status["known_good"][0]["image_bytes"] = None  # pruned by hand
+    assert "image img:1 (MISSING on the head: a rollback to it cannot start)" in status_view.text(status)
     status["rejected"] = {"digest": "d3", "at": 0, "why": "it failed its canary: decode tok/s (json) 9.0, baseline 40.0"}
     assert any(line.startswith("  rejected: plan d3, ") and "--data retry_rejected=true" in line
                for line in status_view.text(status).splitlines())

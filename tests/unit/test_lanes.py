@@ -824,3 +824,17 @@ def test_the_image_check_tells_a_missing_layout_from_a_broken_import(tmp_path, m
     assert _find(("no_such_vllm.cli_args", "json"), "dumps") is json.dumps
     with pytest.raises(ImportError, match="no_such_name"):
         _find(("broken_layout", "json"), "dumps")
+
+
+def test_a_mod_groups_unknown_key_is_named_with_the_key_it_is_near(tmp_path):
+    from sparkinfra.lanes.mods import read_group
+
+    group = tmp_path / "mods" / "g" / "mod-group.yaml"
+    group.parent.mkdir(parents=True)
+    group.write_text("name: g\nmdos: [a, b]\n")
+    with pytest.raises(LaneError) as exc:
+        read_group(group)
+    assert "mod-group.yaml, line 2, key 'mdos': unknown key — did you mean 'mods'?" in str(exc.value)
+    group.write_text("name: g\n")
+    with pytest.raises(LaneError, match="key 'mods': required key is missing"):
+        read_group(group)

@@ -217,6 +217,15 @@ def test_a_worker_image_other_than_the_heads(sim):
         f"spark-2 (rank 1): image {sim.want.image} is missing, not the head's"]
 
 
+def test_a_worker_whose_docker_daemon_does_not_answer_is_told_so_not_as_a_missing_image(sim, monkeypatch):
+    down = _report(sim, 1, image_id=None, container=None, docker=False)
+    assert _problems(sim, worker=down) == [
+        "spark-2 (rank 1): the Docker daemon does not answer (systemctl status docker): no lane container can run, "
+        "no image can be read"]
+    shown = status.text(_status(sim, monkeypatch, {"spark-1": _report(sim, 0), "spark-2": down}))
+    assert _row(shown, "spark-2").split()[4:6] == ["no", "dockerd"]
+
+
 @pytest.mark.parametrize("digest", ["d" * 64, None])
 def test_a_worker_snapshot_other_than_the_heads(sim, digest):
     worker = _report(sim, 1, manifests={_repo(sim): digest})
@@ -298,7 +307,7 @@ def test_a_node_view(sim):
         "name": "spark-1", "rank": 0, "reached": True, "unit": "active/running", "unit_since": AT,
         "plan": sim.want.digest, "started": sim.want.digest,
         "container": {"running": True, "since": "2026-12-06T10:00:01.123456789Z"},
-        "image_id": IMAGE_ID, "image_matches_head": True,
+        "docker": True, "image_id": IMAGE_ID, "image_matches_head": True,
         "snapshots_match_head": {"models--sparkbed--tiny-llama": True},
         "fabric": head["fabric"], "gid_index": "3", "nccl_version": "2.30.7", "other_lanes": [],
         "twins": [{"device": "rocep1s0f0", "netdev": "enp1s0f0np0", "row": "3", "mtu": 4200, "operstate": "up",
@@ -472,11 +481,34 @@ class _Api(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _api_config(**over):
+    return SimpleNamespace(**{"api_key_env": "", "lane_liveness_interval": 10, "lane_liveness_timeout": 1, **over})
+
+
+class _Wedged(_Api):
+    def do_POST(self):  # noqa: N802
+        time.sleep(3)  # frozen engine: /health answers, no token comes
+
+
+def test_a_wedged_api_is_told_within_the_watchs_own_timeout(sim):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Wedged)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config())
+    try:
+        found = status.api_state(cluster, status.Expected(sim.want.lane, "d", "i", server.server_port))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert found["health"] == 200 and found["seconds"] < 2.5  # lane_liveness_timeout: 1 s
+    assert found["completion"] == ("wedged: no token in 1s while /health answers (the head's watch restarts the "
+                                   "lane within 22s of it)") and found["wedge_bound"] == 22
+
+
 def test_api_state_health_and_one_token(sim, monkeypatch):
     server = http.server.HTTPServer(("127.0.0.1", 0), _Api)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     monkeypatch.setenv("MY_KEY", "sk-test")
-    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=SimpleNamespace(api_key_env="MY_KEY"))
+    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config(api_key_env="MY_KEY"))
     want = status.Expected(sim.want.lane, sim.want.digest, sim.want.image, server.server_port, sim.want.served_name)
     try:
         found = status.api_state(cluster, want)
@@ -494,7 +526,7 @@ def test_api_state_of_a_port_nobody_listens_on(sim):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=SimpleNamespace(api_key_env=""))
+    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config())
     found = status.api_state(cluster, status.Expected(sim.want.lane, "d", "i", port))
     assert str(found["health"]).startswith("no answer (") and found["completion"] is None
     assert found["seconds"] is None
@@ -783,5 +815,5 @@ def test_the_known_good_sets_are_read_from_their_metas_oldest_first(node_report,
     (tmp_path / "4" / "meta.json").write_text("{")  # cut off
     found = node_report.known_good(str(tmp_path))
     assert [(k["number"], k["lane"]) for k in found] == [(1, "sim"), (2, "sim-b")]
-    assert set(found[0]) == {"number", "lane", "digest", "image", "at", "why", "canary"}
+    assert set(found[0]) == {"number", "lane", "digest", "image", "at", "why", "canary", "image_id", "image_bytes"}
     assert node_report.known_good(str(tmp_path / "none")) == [] and node_report.known_good("") == []
