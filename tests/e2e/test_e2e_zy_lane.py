@@ -503,6 +503,8 @@ def test_head_watch_restarts_the_ray_lane_without_a_converge(serving):
     restart with its reason."""
     bed, _, _ = serving
     data = ("--data", "lane=sim-b")
+    # The switch test before this one serves sim-b; run alone (pytest -m long), this test switches itself.
+    bed.converge(INV, "deploys/serve.py", "lane=sim-b")
     follow = subprocess.Popen(
         ["ip", "netns", "exec", simbed.MGMT_NS, sys.executable, "-m", "sparkinfra", "logs", INV, *data,
          "--follow", "--lines", "0"],
