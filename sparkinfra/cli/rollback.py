@@ -3,9 +3,10 @@ Return a cluster to one of its known good sets, by hand, over the inventory's SS
 
     python -m sparkinfra rollback inventory/pair.py [--to N] [--cluster NAME] [--data key=value ...]
 
-The head puts set N (default: the newest set of another plan than the one running; ``status`` lists
-them, with when and why each was promoted) back on every node, starts it and waits until it answers
-(``lane_ctl rollback``), keeping every rank's journal of what it left. The plan it left is marked
+The head puts set N (default: the newest set of another plan than the one running, never a plan a
+rollback turned away; ``status`` lists them, with when and why each was promoted) back on every
+node, starts it and waits until it answers (``lane_ctl rollback``), keeping every rank's journal of
+what it left. The plan it left is marked
 rejected: the next converge with the same settings refuses, saying the site and the cluster differ
 (``--data retry_rejected=true`` starts it once more). Exit 0 when the set serves.
 """
@@ -23,19 +24,20 @@ WHY = "was rolled back by hand"
 
 
 def target(status: dict, number: int | None) -> tuple[dict | None, str]:
-    """(the known good set to return to, or None, and why not) from the head's lane status."""
+    """(the known good set to return to, or None, and why not) from the head's lane status: set
+    ``number``, else the head's own choice (``rollback_to``: never the running plan, nor a rejected one)."""
     known = status.get("known") or []
     running = (status.get("lane"), status.get("started"))
-    if number is not None:
-        found = next((m for m in known if m["number"] == number), None)
-        if found is None:
-            kept = ", ".join(f"#{m['number']}" for m in known) or "none"
-            return None, f"no known good set #{number} on the head (kept: {kept})"
-        if (found["lane"], found["digest"]) == running and status.get("unit") == "active":
-            return None, f"known good #{number} (lane {found['lane']} plan {found['digest']}) is what runs now"
-        return found, ""
-    found = next((m for m in reversed(known) if (m["lane"], m["digest"]) != running), None)
-    return found, "" if found else "no known good set of another plan than the running one on the head"
+    if number is None:
+        found = next((m for m in known if m["number"] == status.get("rollback_to")), None)
+        return found, "" if found else "no known good set of another plan than the running one (nor a rejected one)"
+    found = next((m for m in known if m["number"] == number), None)
+    if found is None:
+        kept = ", ".join(f"#{m['number']}" for m in known) or "none"
+        return None, f"no known good set #{number} on the head (kept: {kept})"
+    if (found["lane"], found["digest"]) == running and status.get("unit") == "active":
+        return None, f"known good #{number} (lane {found['lane']} plan {found['digest']}) is what runs now"
+    return found, ""
 
 
 def main(argv: list[str] | None = None) -> int:

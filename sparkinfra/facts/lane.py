@@ -113,7 +113,9 @@ class LaneStatus(FactBase):
                                           # the head's last 5 starts, readies and stops (head only)
             "failures": None,             # the head's count of failures in a row (with probe)
             "known": [{"number": 1, "lane": "sim", "digest": "9f2c...", "image": "...", "at": 1764999000.0,
-                       "why": "..."}],        # the head's known good sets, oldest first (``lane_known``)
+                       "why": "...", "canary": {...}}],  # the head's known good sets, oldest first (``lane_known``)
+            "rejected": None,             # the plan a rollback turned away ({digest, why, at, number})
+            "rollback_to": None,          # the set a rollback by hand goes to by default (its number)
         }
 
     + lane: the lane's name

@@ -10,7 +10,6 @@ belong together; an error without its line sends the user hunting.
 from __future__ import annotations
 
 import codecs
-import difflib
 import os
 import re
 import stat
@@ -31,7 +30,7 @@ from pydantic_core import PydanticCustomError
 from pyinfra.api.exceptions import PyinfraError
 
 from .. import node, project
-from ..settings import SERVE_KEYS
+from ..settings import SERVE_KEYS, nearest
 
 LANES_DIR = project.LANES
 CHECK_SCRIPT = node.DIR / "vllm_check.py"
@@ -612,8 +611,8 @@ def validation_error(exc: ValidationError, data: dict, model: type[BaseModel] | 
     path = (*path, *ctx.get("path", ()))
     if kind == "extra_forbidden":
         key = str(err["loc"][-1])
-        near = difflib.get_close_matches(key, sorted(_field_names(model)), n=1, cutoff=0.75) if model else []
-        message = f"unknown key — did you mean '{near[0]}'?" if near else "unknown key"
+        near = nearest(key, sorted(_field_names(model))) if model else None
+        message = f"unknown key — did you mean '{near}'?" if near else "unknown key"
     elif kind == "missing":
         message = "required key is missing"
     elif kind == "lane":

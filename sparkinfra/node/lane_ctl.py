@@ -303,8 +303,7 @@ def cmd_status(path: str, probe: bool = True) -> int:
     status["api_key"] = None if not stamp else "current" if lane_io.key_stamp(p, stamp["key"]) == stamp else "changed"
     if p.rank == 0:
         status["history"] = lane_history.events(p, 5)
-        status["known"] = [lane_known.summary(m) for m in lane_known.entries()]
-        status["rejected"] = lane_known.rejected(p.lane)
+        status.update(lane_known.status(p, status["started"]))
     if p.rank == 0 and probe:
         status["workers"] = {w.ip: lane_io.unit_state_remote(w.ip, p) for w in p.workers}
         status["failures"] = lane_history.failures(p) or None

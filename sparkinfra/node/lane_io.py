@@ -95,6 +95,12 @@ def reached(result: subprocess.CompletedProcess) -> bool:
     return result.returncode != SSH_FAILED
 
 
+def worker_failure(result: subprocess.CompletedProcess, last: int = 300) -> str:
+    """Why a command ``on_worker`` ran failed there: ssh's reason when it did not reach the worker,
+    else the end of the command's own stderr."""
+    return ssh_error(result) if not reached(result) else result.stderr.strip()[-last:]
+
+
 def ssh_error(result: subprocess.CompletedProcess) -> str:
     """Why ``on_worker`` did not reach the worker, in one line; a changed host key by its name."""
     text = result.stderr or ""

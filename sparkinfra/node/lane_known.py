@@ -60,12 +60,7 @@ def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | 
         src = Path(source)
         if not src.exists():
             continue
-        dest = temp / "files" / source.lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dest, symlinks=True)
-        else:
-            shutil.copy2(src, dest)
+        _copy(src, temp / "files" / source.lstrip("/"))
         kept.append(source)
     meta = {
         "number": number, "lane": p.lane, "digest": p.digest, "rank": p.rank, "image": p.image,
@@ -80,9 +75,29 @@ def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | 
     return meta
 
 
+def _copy(src: Path, dest: Path) -> None:
+    """``src`` (a file, or a folder with its links as links) copied to ``dest``, a folder there replaced whole."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest, symlinks=True)
+    else:
+        shutil.copy2(src, dest)
+
+
 def summary(meta: dict) -> dict:
     """What ``status`` shows of a set (and a converge reads: the canary is the next one's baseline)."""
     return {k: meta.get(k) for k in ("number", "lane", "digest", "image", "at", "why", "canary")}
+
+
+def status(p: RunnerPlan, running: str | None) -> dict:
+    """What the head's ``lane_ctl status`` says of the sets: each one's ``summary`` (``known``), the
+    lane's ``rejected`` mark, and ``rollback_to``: the set a rollback by hand from the plan running
+    (``running``, else ``p``'s) returns to by default (``rollback_target``)."""
+    kept = entries()
+    target = rollback_target(p.replace(digest=running or p.digest), kept=kept)
+    return {"known": [summary(m) for m in kept], "rejected": rejected(p.lane),
+            "rollback_to": target["number"] if target else None}
 
 
 def promote(p: RunnerPlan, path: str, why: str, count: int, canary: dict | None = None) -> int:
@@ -108,8 +123,8 @@ def promote(p: RunnerPlan, path: str, why: str, count: int, canary: dict | None 
     outs = lane_io.on_workers(p.workers, *lane_io.here("keep", path, str(number), str(count), why), timeout=120)
     failed = [(w, out) for w, out in zip(p.workers, outs) if out.returncode != 0]
     for worker, out in failed:
-        why_not = lane_io.ssh_error(out) if not lane_io.reached(out) else out.stderr.strip()[-300:]
-        lane_io.say(f"rank {worker.rank} on {worker.ip} did not keep known good #{number}: {why_not}")
+        lane_io.say(f"rank {worker.rank} on {worker.ip} did not keep known good #{number}: "
+                    f"{lane_io.worker_failure(out)}")
     if failed:
         return 1
     meta = keep(p, number, why, count, canary=canary)
@@ -129,13 +144,7 @@ def restore(number: int, root: str | None = None) -> dict:
     folder = Path(root or ROOT) / str(number)
     meta = json.loads((folder / META).read_text())
     for dest in meta["files"]:
-        src, target = folder / "files" / dest.lstrip("/"), Path(dest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(src, target, symlinks=True)
-        else:
-            shutil.copy2(src, target)
+        _copy(folder / "files" / dest.lstrip("/"), Path(dest))
     lane_io.sh("systemctl", "daemon-reload")
     return meta
 
@@ -157,13 +166,15 @@ def keep_failed_logs(p: RunnerPlan, root: str | None = None) -> Path:
     return folder
 
 
-def rollback_target(p: RunnerPlan, number: int | None = None) -> dict | None:
+def rollback_target(p: RunnerPlan, number: int | None = None, kept: list[dict] | None = None) -> dict | None:
     """Set ``number`` (None: the newest set that is neither ``p`` itself, its lane and plan, nor a
-    plan a rollback turned away): what a rollback from ``p`` returns to."""
+    plan a rollback turned away): what a rollback from ``p`` returns to. ``kept``: ``entries()``,
+    when read already."""
+    kept = entries() if kept is None else kept
     if number is not None:
-        return next((m for m in entries() if m["number"] == number), None)
-    turned = {(m["lane"], (rejected(m["lane"]) or {}).get("digest")) for m in entries()}
-    return next((m for m in reversed(entries()) if (m["lane"], m["digest"]) != (p.lane, p.digest)
+        return next((m for m in kept if m["number"] == number), None)
+    turned = {(lane, (rejected(lane) or {}).get("digest")) for lane in {m["lane"] for m in kept}}
+    return next((m for m in reversed(kept) if (m["lane"], m["digest"]) != (p.lane, p.digest)
                  and (m["lane"], m["digest"]) not in turned), None)
 
 
@@ -215,8 +226,8 @@ def roll_back(p: RunnerPlan, path: str, start: Callable[[str, str], bool], faile
     if lane != p.lane:  # the left lane stays placed (the settings name it) but starts at no boot
         lane_io.sh("systemctl", "disable", p.unit)
     outs = lane_io.on_workers(p.workers, *lane_io.here("restore", path, str(number)), timeout=120)
-    lost = [f"rank {w.rank} on {w.ip}: {lane_io.ssh_error(o) if not lane_io.reached(o) else o.stderr.strip()[-200:]}"
-            for w, o in zip(p.workers, outs) if o.returncode != 0]
+    lost = [f"rank {w.rank} on {w.ip}: {lane_io.worker_failure(o, 200)}" for w, o in zip(p.workers, outs)
+            if o.returncode != 0]
     if lost:
         print(f"lane {p.lane}: plan {p.digest} {failed}; known good #{number} could not be put back: "
               f"{'; '.join(lost)}; every rank's journal: {logs}", file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ from .loader import (
     display,
     in_words,
     load_settings,
+    nearest,
     unknown_key,
 )
 from .model import (
@@ -56,7 +57,7 @@ __all__ = [
     "CLUSTER_KEYS", "DEFAULT_NCCL_ENV", "ENV_NAME", "NODE_KEYS", "SAFE", "SAID", "SERVE_KEYS", "WHY", "Cluster",
     "Fabric", "HostSettings", "Node", "Settings", "SettingsError", "cluster_problem", "container_problem",
     "device_problem", "display", "env_value_problem", "host_name_problem", "image_problem", "in_words",
-    "interface_problem", "lane_problem", "load_settings", "model_id_problem", "name_problem", "node_path_problem",
+    "interface_problem", "lane_problem", "load_settings", "model_id_problem", "nearest", "name_problem", "node_path_problem",
     "rdma_device_problem", "revision_problem", "serve_settings", "ssh_host_problem", "ssh_user_problem",
     "tarball_problem", "twin_problem", "unknown_key", "url_problem", "wheel_problem",
 ]

@@ -148,11 +148,17 @@ def _within(loc: tuple) -> str:
     return f"{rest[0]!r}: "
 
 
+def nearest(key: str, known) -> str | None:
+    """The one of ``known`` keys ``key`` is a typo of (None: none near enough)."""
+    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return near[0] if near else None
+
+
 def unknown_key(key: str) -> str:
     """The refusal of an unknown key, with the nearest known one (a typo)."""
-    near = difflib.get_close_matches(key, [*HostSettings.model_fields, *_SSH_KEYS], n=1, cutoff=0.75)
+    near = nearest(key, [*HostSettings.model_fields, *_SSH_KEYS])
     if near:
-        return f"unknown key — did you mean '{near[0]}'?"
+        return f"unknown key — did you mean '{near}'?"
     return "unknown key: neither a setting (docs/settings.md) nor one of pyinfra's ssh_* keys"
 
 

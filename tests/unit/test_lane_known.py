@@ -287,3 +287,24 @@ def test_a_failed_start_never_returns_to_a_plan_an_operator_rolled_back_from(ctl
     assert lane_known.rollback_target(_with(p, digest="d5"))["number"] == 1
     (ctl.tmp / "sim.rejected").unlink()
     assert lane_known.rollback_target(_with(p, digest="d5"))["number"] == 2
+
+
+def test_status_names_the_set_a_rollback_by_hand_goes_to_and_the_cli_takes_it(ctl):
+    """The head's choice, one rule with an automatic rollback's: never the running plan, nor a rejected one."""
+    from sparkinfra.cli import rollback as rollback_view
+
+    p = lane_io.plan(str(ctl.plan))  # placed: d1
+    lane_known.keep(p, 1, "it served", 3)
+    lane_known.keep(_with(p, digest="d9"), 2, "it served", 3)
+    found = lane_known.status(p, "d9")  # d9 runs (placed d1 not started yet)
+    assert [k["number"] for k in found["known"]] == [1, 2] and found["rejected"] is None
+    assert found["rollback_to"] == 1
+    status = {"lane": "sim", "started": "d9", "unit": "active", **found}
+    assert rollback_view.target(status, None)[0]["number"] == 1
+    assert rollback_view.target(status, 2) == (None, "known good #2 (lane sim plan d9) is what runs now")
+    assert rollback_view.target(status, 7) == (None, "no known good set #7 on the head (kept: #1, #2)")
+    (ctl.tmp / "sim.rejected").write_text(json.dumps({"digest": "d1", "why": "it was rolled back by hand"}))
+    found = lane_known.status(p, "d9")
+    assert found["rollback_to"] is None and found["rejected"]["digest"] == "d1"
+    assert rollback_view.target({**status, **found}, None) == (
+        None, "no known good set of another plan than the running one (nor a rejected one)")
