@@ -31,7 +31,7 @@ demo: setup
 # priority, their output in .unit.log, shown when they end) run beside what the bed caches being
 # built (Debian base, image rootfs, tiny model) and the first e2e modules on a fresh bed (up and down
 # inside the run), which wait on SSH and systemd more than on the CPU. `make test` (CI) leaves out the
-# e2e tests marked `long` (the longest fault drills and the two-pair scale run: about 6 minutes on 2
+# e2e tests marked `long` (the longest fault drills and the two-pair scale run: about 14 minutes on 2
 # cores, where CI's budget is 20); `make test-all` runs every one, in the same order.
 E2E_MARKS ?= not eight_nodes and not long
 

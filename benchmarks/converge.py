@@ -1,11 +1,13 @@
 """
 No-op converge time of the simulated pair and of eight simulated nodes, measured in one run.
 
-    python benchmarks/converge.py            # as root; brings an 8-node bed up (and down at the end)
+    python benchmarks/converge.py            # as root; the 8-node bed (site2's shape) as it is, else brought up and down
+    python benchmarks/converge.py --quick    # the bed's pair (inventory/sim.py) alone, one round of 2 runs
 
 Converges ``deploys/prepare.py`` + ``deploys/stage.py`` (one pyinfra run) once on all 8 nodes, then
-times no-op runs of the same deploys on the pair (``inventory/sim.py``: spark-1, spark-2) and on the
-8 nodes (``inventory/sim8.py``): two rounds of 5 runs each, alternated, the median of each size.
+times no-op runs of the same deploys on the first two of them (``inventory/sim8_pair.py``: the same
+shape and settings) and on the 8 nodes (``inventory/sim8.py``): two rounds of 5 runs each,
+alternated, the median of each size.
 Targets: pair <= 3 s, 8 nodes <= 1.3x the pair. All nodes and the controller share this machine's
 cores, so each figure comes with how busy they were and the CPU seconds pyinfra itself and the
 rest (the nodes' sshd, sudo and facts) used: a run that keeps them all busy measures the machine,
@@ -29,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from benchmarks.harness import bed_of, options  # noqa: E402
 
 DEPLOYS = ("deploys/prepare.py", "deploys/stage.py")
-PAIR_DATA = ("--data", "lane=")  # the pair's group data names a lane; this measures prepare + stage
+PAIR_DATA = ("--data", "lane=")  # the bed pair's group data names a lane; this measures prepare + stage
 ROUNDS = 2
 
 
@@ -95,17 +98,23 @@ def median(runs: list[Run]) -> Run:
 
 
 def main() -> int:
-    bed.up(8)
-    try:
+    if options(__doc__).quick:
+        with bed_of(2):
+            converge("inventory/sim.py", *PAIR_DATA)  # the first run may change things
+            pair = timed("inventory/sim.py", *PAIR_DATA, runs=2)
+            commands = commands_per_host("inventory/sim.py", *PAIR_DATA)
+        run = median(pair)
+        print(f"no-op converge (prepare + stage), pair (quick): {run.wall:.2f} s ({run.busy:.0%} busy)")
+        print(f"commands per node, pair: {' '.join(f'{h} {n}' for h, n in commands.items())}")
+        return 0
+    with bed_of(8, "site2"):
         converge("inventory/sim8.py")  # the first, changing run
         pairs, octs = [], []
         for _ in range(ROUNDS):  # alternated: this machine's speed drifts over a minute
-            pairs.append(timed("inventory/sim.py", *PAIR_DATA))
-            pair_commands = commands_per_host("inventory/sim.py", *PAIR_DATA)  # still warm: a no-op
+            pairs.append(timed("inventory/sim8_pair.py"))
+            pair_commands = commands_per_host("inventory/sim8_pair.py")  # still warm: a no-op
             octs.append(timed("inventory/sim8.py"))
             oct_commands = commands_per_host("inventory/sim8.py")
-    finally:
-        bed.down()
     pair, oct_ = median([r for block in pairs for r in block]), median([r for block in octs for r in block])
     cpus = os.cpu_count()
     for label, run in (("pair:   ", pair), ("8 nodes:", oct_)):

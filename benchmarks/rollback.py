@@ -3,7 +3,8 @@ How long a cluster is without an answering lane when a change fails: from the mo
 knows it failed (a start that did not get ready, a canary past its tolerance) to the known good
 set answering again, against a plain warm start of the same lane, on the simulated pair, in one run.
 
-    python benchmarks/rollback.py          # as root; brings a 2-node bed up (and down at the end)
+    python benchmarks/rollback.py          # as root; the bed's pair as it is, else brought up and down
+    python benchmarks/rollback.py --quick  # the failed start alone
 
 Serves the sim lane (its compile caches then warm), times one warm restart of it (the head's unit
 restarted until a completion returns tokens, ``lane_ctl wait-ready``), then converges two failing
@@ -11,13 +12,13 @@ changes through the bed's engine-hooks mod: an engine that refuses to start (``S
 and a slowed decode (``SPARKBED_STEP_DELAY``, failing its canary). Each rollback's own figure is the
 runner's ("which serves again (Ns)": journals kept, the lane stopped, the set restored on every node,
 started, answering). Prints each, and each over the warm start: what a rollback costs beyond
-starting the old lane again.
+starting the old lane again. Each change is converged with ``retry_rejected=true``: an earlier run
+of this benchmark rejected the same plans.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from benchmarks.harness import bed_of, options, pyinfra, serving  # noqa: E402
 from sparkinfra.node import paths  # noqa: E402
 
 INVENTORY = "inventory/sim.py"
@@ -35,16 +37,6 @@ CHANGES = (
     ("a canary that fails (100 ms per engine step)", 'lane_env={"SPARKBED_STEP_DELAY": "0.1"}'),
 )
 SERVES_AGAIN = re.compile(r"rolled back to known good #\d+, lane \S+ plan \w+, which serves again \((\d+)s\)")
-
-
-def _pyinfra(*args: str, check: bool = True) -> str:
-    done = subprocess.run(
-        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y", *args],
-        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=bed.controller_env(),
-    )
-    if check and done.returncode != 0:
-        raise SystemExit(f"pyinfra {' '.join(args)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    return done.stdout + done.stderr
 
 
 def warm_start() -> float:
@@ -57,21 +49,19 @@ def warm_start() -> float:
 
 
 def main() -> int:
-    bed.up(2)
-    try:
-        _pyinfra(INVENTORY, "deploys/serve.py")
+    changes = CHANGES[:1] if options(__doc__).quick else CHANGES
+    with bed_of(2):
+        serving(INVENTORY)
         warm = warm_start()
         print(f"lane {LANE} on the simulated pair: a warm start {warm:.0f} s")
-        for what, data in CHANGES:
-            said = _pyinfra(INVENTORY, "deploys/serve.py", "--data", data, check=False)
+        for what, data in changes:
+            said = pyinfra(INVENTORY, "deploys/serve.py", "--data", data, "--data", "retry_rejected=true", check=False)
             found = SERVES_AGAIN.search(said)
             if not found:
                 raise SystemExit(f"{what}: no rollback said:\n{said[-3000:]}")
             seconds = int(found[1])
             print(f"{what}: failed -> the known good set answers in {seconds} s; rollback/warm start = "
                   f"{seconds / warm:.2f}")
-    finally:
-        bed.down()
     return 0
 
 

@@ -1,7 +1,8 @@
 """
 Staging speed on the bed, head -> worker over the simulated fabric, measured in one run.
 
-    python benchmarks/staging.py            # as root; brings the bed up (2 nodes) if it is not
+    python benchmarks/staging.py            # as root; the bed's pair as it is, else brought up and down
+    python benchmarks/staging.py --quick    # 2 x 64 MiB + 40 small files, one round of each
 
 Prints, for a synthetic snapshot (>= 2 GiB: a few large shards, many small files, random content),
 three rounds in rotated order (the machine's speed drifts; one lucky or unlucky run decides nothing)
@@ -17,7 +18,9 @@ fact; best of 3 each). Then the image: ``docker save | ssh | docker load`` again
 fan-out, three rounds alternated, with the bytes moved; the ID check when the IDs already match; and
 an update of an image whose top layer changed (the bytes the tool moves against that layer's size). Last
 line: ``staging/ceiling = R (each round: ...)``, R the worst round. All nodes share this machine's
-cores: compare the figures with each other, not with a real 200G link.
+cores: compare the figures with each other, not with a real 200G link. A lane serving on the bed
+is torn down first (``deploys/teardown.py``: its container holds the image's layers on the worker,
+and the image rounds start from a worker without images); ``deploys/serve.py`` serves it again.
 """
 
 from __future__ import annotations
@@ -37,17 +40,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from benchmarks.harness import bed_of, containers_run, options  # noqa: E402
 from sparkinfra import transfer  # noqa: E402
 from sparkinfra.facts.stage import snapshot_tool_command  # noqa: E402
 from sparkinfra.remote import settings_of  # noqa: E402
 
 HEAD, WORKER = "spark-1", "spark-2"
-REPO, REV = "sparkbed/bench-moe", "bench000000000000000000000000000000000001"
+REPO, REV = "sparkbed/bench-moe", "bec4" + "0" * 35 + "1"  # a commit (hex): staged as pinned, nothing to lock
 CACHE = "/var/lib/sparkinfra/hf"
 REPO_DIR = transfer.repo_dir(CACHE, REPO)
 # 2 GiB: a copy the worker's page cache takes whole (this machine's disk writes back at its own
 # varying pace: past ~2.3 GiB dirty, a method that keeps its copy would measure the disk).
 LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 4, 512 << 20, 400, 64 << 10
+QUICK = 2, 64 << 20, 40, 64 << 10  # --quick: every step, no figure to quote
 PY = str(Path(sys.executable))
 ROUNDS = 3
 TOP_LAYER = 32 << 20  # the image update's one new layer
@@ -150,24 +155,29 @@ def raw_pipe(worker_ip: str, receive: str) -> float:
 
 
 def main() -> int:
+    quick = options(__doc__).quick
     control = Path(tempfile.mkdtemp(prefix="staging-bench-"))  # the SSH connections' sockets
     try:
-        return benchmark(control)
+        with bed_of(2):
+            return benchmark(control, quick)
     finally:
         disconnect(control)
         shutil.rmtree(control, ignore_errors=True)
 
 
-def benchmark(control: Path) -> int:
-    if bed.container_pid(HEAD) is None or bed.container_pid(WORKER) is None:
-        bed.up(2)
+def benchmark(control: Path, quick: bool) -> int:
+    rounds, best_of = (1, 1) if quick else (ROUNDS, 3)
+    large, large_bytes, small, small_bytes = QUICK if quick else (LARGE, LARGE_BYTES, SMALL, SMALL_BYTES)
+    if containers_run(WORKER):
+        print("a lane serves on the bed: torn down first (its container holds the image's layers on the worker)")
+        pyinfra("inventory/sim.py", "deploys/teardown.py")
     data = ["--data", f"model={REPO}", "--data", f"model_revision={REV}", "--data", "lane="]
     pyinfra("inventory/sim.py", "deploys/prepare.py")
-    bed.make_snapshot(bed.node_dir(HEAD) / f"root{CACHE}", REPO, REV, large=LARGE, large_bytes=LARGE_BYTES,
-                      small=SMALL, small_bytes=SMALL_BYTES, seed=1)
+    bed.make_snapshot(bed.node_dir(HEAD) / f"root{CACHE}", REPO, REV, large=large, large_bytes=large_bytes,
+                      small=small, small_bytes=small_bytes, seed=1)
     size = int(sh(HEAD, f"du -sbL {REPO_DIR}/blobs | cut -f1").stdout.split()[0])
     head_ip, worker_ip = bed.sim_nodes(2)[0].fabric_ip, bed.sim_nodes(2)[1].fabric_ip
-    print(f"snapshot: {LARGE} x {LARGE_BYTES >> 20} MiB + {SMALL} x {SMALL_BYTES >> 10} KiB = {size / 2**30:.2f} GiB")
+    print(f"snapshot: {large} x {large_bytes >> 20} MiB + {small} x {small_bytes >> 10} KiB = {size / 2**30:.2f} GiB")
     sh(HEAD, snapshot_tool_command("manifest", REPO_DIR, "--write").get_raw_value())
     _, settings = settings_of("inventory/sim.py")
     streams = settings.clusters["sim"].config.stage_streams  # as deploys/stage.py runs it on the bed
@@ -204,7 +214,7 @@ def benchmark(control: Path) -> int:
     methods = {"ceiling": ceiling, "seeds": seeds, "tool": tool}
     order = list(methods)
     figures: dict[str, list[tuple[float, int]]] = {name: [] for name in methods}
-    for r in range(ROUNDS):  # rotated: each method runs first, second and last once
+    for r in range(rounds):  # rotated: each method runs first, second and last once
         for name in order[r:] + order[:r]:
             figures[name].append(moved(WORKER, methods[name]))
     tool()  # (untimed) the worker holds the tool's copy for the checks below
@@ -213,7 +223,7 @@ def benchmark(control: Path) -> int:
     pipe = raw_pipe(worker_ip, "while c.recv(1 << 20): pass")
     # The step's fixed cost: the same transfer with nothing to move (the daemon's unit, the worker's
     # session and sudo, its plan and record, the unit's stop), best of 3.
-    fixed = min(transfer_step() for _ in range(3))
+    fixed = min(transfer_step() for _ in range(best_of))
 
     # The no-op restage: the worker's check alone, and a whole converge of deploys/stage.py.
     started = time.monotonic()
@@ -221,9 +231,9 @@ def benchmark(control: Path) -> int:
     noop_check = time.monotonic() - started
     assert check["digest"] == digest, "the worker's copy does not match after staging"
     pyinfra("inventory/sim.py", "deploys/stage.py", *data)  # stages the image too, if needed
-    noop_converge = min(pyinfra("inventory/sim.py", "deploys/stage.py", *data) for _ in range(3))
+    noop_converge = min(pyinfra("inventory/sim.py", "deploys/stage.py", *data) for _ in range(best_of))
     # pyinfra's own floor: start, read the inventory and settings, connect, read one fact.
-    floor = min(pyinfra("inventory/sim.py", "fact", "server.Hostname") for _ in range(3))
+    floor = min(pyinfra("inventory/sim.py", "fact", "server.Hostname") for _ in range(best_of))
 
     print(f"raw pipe (TCP into /dev/null) {rate(pipe, size)}")
     labels = {"ceiling": "raw pipe ceiling (TCP to disk)", "seeds": "seeds: rsync -a over ssh     ",
@@ -250,7 +260,7 @@ def benchmark(control: Path) -> int:
         "tool": transfer.image_fanout_command(image, head_id, [(WORKER, worker_ip)]).get_raw_value(),
     }
     image_times: dict[str, list[tuple[float, int]]] = {"seeds": [], "tool": []}
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in (["seeds", "tool"] if r % 2 == 0 else ["tool", "seeds"]):
             # A first copy: the worker keeps no image (a lane image built on this one holds its layers).
             sh(WORKER, "docker images -q | sort -u | xargs -r docker rmi -f >/dev/null")
@@ -286,7 +296,7 @@ def benchmark(control: Path) -> int:
             f"{s:.2f} s ({b / 2**20:.0f} MiB received)" for s, b in runs) + f"; {spread([s for s, _ in runs])}")
     seeds_image = statistics.median(s for s, _ in image_times["seeds"])
     tool_image = statistics.median(s for s, _ in image_times["tool"])
-    print(f"image first copy, median of {ROUNDS}: seeds {seeds_image:.2f} s, tool {tool_image:.2f} s "
+    print(f"image first copy, median of {rounds}: seeds {seeds_image:.2f} s, tool {tool_image:.2f} s "
           f"(tool/seeds = {seeds_image / tool_image:.2f}); ID check when equal {id_check:.2f} s per node")
     print(f"image update (the top layer, {layer / 2**20:.0f} MiB, changed): tool {update_seconds:.2f} s, "
           f"spark-2 received {update_bytes / 2**20:.1f} MiB = {update_bytes / layer:.2f}x the layer")

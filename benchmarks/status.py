@@ -1,7 +1,8 @@
 """
 ``python -m sparkinfra status`` against a no-op converge of the serving pair, measured in one run.
 
-    python benchmarks/status.py            # as root; brings the bed's pair up (and down at the end)
+    python benchmarks/status.py            # as root; the bed's pair as it is, else brought up and down
+    python benchmarks/status.py --quick    # one round
 
 Serves lane ``sim`` on the pair (``deploys/serve.py``), then times, alternated over three rounds,
 ``status`` (every node's report, the API's health and one one-token completion) and a no-op
@@ -12,7 +13,6 @@ Prints each round and the median ratio: the target is well under 1.
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import sparkbed as bed  # noqa: E402
+from benchmarks.harness import bed_of, controller, options  # noqa: E402
 
 ROUNDS = 3
 
@@ -28,24 +28,22 @@ ROUNDS = 3
 def timed(*args: str) -> float:
     """Seconds one controller command took (in the bed's management namespace); it must succeed."""
     started = time.monotonic()
-    subprocess.run(["ip", "netns", "exec", bed.MGMT_NS, *args], cwd=ROOT, check=True, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=bed.controller_env())
+    done = controller(*args)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     return time.monotonic() - started
 
 
 def main() -> int:
+    quick = options(__doc__).quick
     python, pyinfra = sys.executable, str(Path(sys.executable).parent / "pyinfra")
     status = (python, "-m", "sparkinfra", "status", "inventory/sim.py")
     no_op = (pyinfra, "-y", "inventory/sim.py", "deploys/serve.py")
-    bed.up(2)
-    try:
-        timed(*no_op)  # serving
-        timed(*no_op)  # warm: the next ones are no-ops
-        rounds = []
-        for _ in range(ROUNDS):
-            rounds.append((timed(*status), timed(*no_op)))
-    finally:
-        bed.down()
+    with bed_of(2):
+        timed(*no_op)  # serving (a no-op where it serves)
+        if not quick:
+            timed(*no_op)  # warm: the next ones are no-ops
+        rounds = [(timed(*status), timed(*no_op)) for _ in range(1 if quick else ROUNDS)]
     for i, (s, c) in enumerate(rounds, 1):
         print(f"round {i}: status {s:5.2f} s, no-op serve converge {c:5.2f} s, ratio {s / c:.2f}")
     ratio = statistics.median(s / c for s, c in rounds)

@@ -2,7 +2,8 @@
 A lane's start with its compile caches empty (cold) against one with them kept (warm), on the
 simulated pair, measured in one run.
 
-    python benchmarks/warm_start.py          # as root; brings a 2-node bed up (and down at the end)
+    python benchmarks/warm_start.py          # as root; the bed's pair as it is, else brought up and down
+    python benchmarks/warm_start.py --quick  # one round
 
 Serves the sim lane once, then times starts of the whole lane (the head's unit started: the container
 checks, every rank, until a completion returns tokens, ``lane_ctl wait-ready``): cold with
@@ -18,7 +19,6 @@ minutes of compilation.
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,21 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from benchmarks.harness import bed_of, options, serving  # noqa: E402
 from sparkinfra.node import paths  # noqa: E402
 
 INVENTORY = "inventory/sim.py"
 LANE = "sim"
 NODES = ("spark-1", "spark-2")
 ROUNDS = 2
-
-
-def _pyinfra(*args: str) -> None:
-    done = subprocess.run(
-        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(sys.executable).parent / "pyinfra"), "-y", *args],
-        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=bed.controller_env(),
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"pyinfra {' '.join(args)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
 
 def _size(n: int) -> str:
@@ -75,14 +67,14 @@ def cache_sizes(node: str) -> dict[str, int]:
 
 
 def main() -> int:
-    bed.up(2)
-    try:
-        _pyinfra(INVENTORY, "deploys/serve.py")
+    rounds = 1 if options(__doc__).quick else ROUNDS
+    with bed_of(2):
+        serving(INVENTORY)
         cold, warm = [], []
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             cold.append(start(cold=True))
             warm.append(start(cold=False))
-        print(f"lane {LANE} on the simulated pair, {ROUNDS} rounds, cold then warm:")
+        print(f"lane {LANE} on the simulated pair, {rounds} rounds, cold then warm:")
         for i, (c, w) in enumerate(zip(cold, warm), 1):
             print(f"  round {i}: cold {c:6.1f} s   warm {w:6.1f} s")
         c, w = statistics.median(cold), statistics.median(warm)
@@ -92,8 +84,6 @@ def main() -> int:
             held = ", ".join(f"{k} {_size(v)}" for k, v in sizes.items() if v) or "nothing"
             empty = ", ".join(k for k, v in sizes.items() if not v)
             print(f"{node}: the caches hold {held}" + (f"; this build fills no {empty} cache" if empty else ""))
-    finally:
-        bed.down()
     return 0
 
 

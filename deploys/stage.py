@@ -68,10 +68,13 @@ for repo, revision in transfer.models(cluster):
             token_env=config.hf_token_env,
             endpoint=config.hf_endpoint,
         )
-        snapshot_manifest(
-            name=f"Manifest of {repo} is current on the head",
-            repo_dir=repo_dir,
-        )
+    # Each node's record of its copy (the head's: what the workers pull); deep: every file hashed.
+    snapshot_manifest(
+        name=f"Manifest of {repo} is current on every node" + (", every file hashed" if deep else ""),
+        repo_dir=repo_dir,
+        deep=deep,
+        required=here.is_head,
+    )
     # On every node, each in turn (pyinfra orders an operation after those every node ran before it):
     # the head serves the snapshot while every worker whose copy differs pulls it, the head stops
     # serving, and each node's copy, the head's too, is checked (a mismatch names the files).
@@ -84,7 +87,6 @@ for repo, revision in transfer.models(cluster):
         port=config.stage_port,
         source=source,
         streams=config.stage_streams,
-        deep=deep,
     )
     snapshot_served(
         name=f"The head no longer serves {repo}",
@@ -96,5 +98,4 @@ for repo, revision in transfer.models(cluster):
         name=f"{repo} on every node matches the head's manifest",
         repo_dir=repo_dir,
         head=head,
-        deep=deep,
     )

@@ -45,7 +45,7 @@ from .layout import (CACHE, CGROUP_ROOTS, CONTROLLER_DIR, DEFAULT_SHAPE, FABRIC_
                      compile_nccl_standin, elf_build_id, log, node_dir, read_state, run, sim_nodes, state_file)
 from .lifecycle import _bed_mounts as _bed_mounts  # read by the e2e layer's teardown check
 from .lifecycle import _our_pids as _our_pids
-from .lifecycle import clear_stale, down, up
+from .lifecycle import clear_stale, down, ensure, up
 from .network import UNPLUGGED_NS, cable, in_netns, install_guard_routes, ip, power_on_network, remove_guard_routes
 from .nodes import container_pid, node_exec, nspawn_command, reboot, supervise, wait_running
 from .snapshots import make_snapshot
@@ -69,7 +69,7 @@ __all__ = [
     "MGMT_NS", "NODES_DIR", "PREFIX", "SHAPES", "STANDINS", "STATE", "SUBNET", "SWITCH_NS", "NodeShape", "SimNode",
     "compile_nccl_standin", "elf_build_id", "log", "node_dir", "read_state", "run", "sim_nodes", "state_file",
     # lifecycle
-    "clear_stale", "down", "up",
+    "clear_stale", "down", "ensure", "up",
     # network
     "UNPLUGGED_NS", "cable", "in_netns", "install_guard_routes", "ip", "power_on_network", "remove_guard_routes",
     # nodes

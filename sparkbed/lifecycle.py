@@ -19,9 +19,9 @@ from pathlib import Path
 from .cache import build_base, build_image_rootfs
 from .controller import GIT_ROOT, LOCKS, _start_hub, build_nccl_standins, controller_key, known_hosts, ssh_config
 from .layout import (CGROUP_ROOTS, CONTROLLER_DIR, DEFAULT_SHAPE, MGMT_NS, NODES_DIR, PREFIX, SHAPES, STATE, log, run, sim_nodes,
-                     state_file)
+                     read_state, state_file)
 from .network import _make_networks, install_guard_routes, remove_guard_routes
-from .nodes import _mount_root, _start_supervisor, _wait_ssh, _write_identity, wait_running
+from .nodes import _mount_root, _start_supervisor, _wait_ssh, _write_identity, container_pid, wait_running
 from .upstream import fresh_upstream
 
 
@@ -78,6 +78,19 @@ def up(count: int = 2, shape: str = DEFAULT_SHAPE) -> dict:
         log(f"{node.name}: {status}, ssh {node.user}@{node.mgmt_ip} (from netns {MGMT_NS})")
     log(f"{count} nodes up in {time.monotonic() - started:.1f}s")
     return state
+
+
+def ensure(count: int = 2, shape: str = DEFAULT_SHAPE) -> bool:
+    """The bed with ``count`` nodes of ``shape``: the running one, as it is, if it is that bed and
+    every node runs; else a fresh one (``up``). True when this call brought it up (the caller
+    takes it down after), False when it was already up (the caller leaves it up)."""
+    nodes = read_state().get("nodes") or []
+    if (len(nodes) == count and all(n.get("shape", DEFAULT_SHAPE) == shape for n in nodes)
+            and all(container_pid(n["name"]) for n in nodes)):
+        log(f"{count} nodes ({shape}) already up: used as they are")
+        return False
+    up(count, shape)
+    return True
 
 
 # Down

@@ -10,7 +10,8 @@ prints nothing.
 
 from __future__ import annotations
 
-from pyinfra import host
+from paramiko import SSHException
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
@@ -49,6 +50,20 @@ def op_arguments() -> dict:
 
 
 def run_printed(state, host, command: StringCommand | str, arguments: dict) -> bool:
-    """``command`` run on ``host`` with ``arguments`` (``op_arguments``), its lines printed as they come."""
-    ok, _ = host.run_shell_command(command, print_output=True, print_input=state.print_input, **arguments)
+    """``command`` run on ``host`` with ``arguments`` (``op_arguments``), its lines printed as they
+    come. A connection lost meanwhile (the host rebooted, its link dropped) fails the operation with
+    one line naming the host and the step in flight, not a traceback."""
+    try:
+        ok, _ = host.run_shell_command(command, print_output=True, print_input=state.print_input, **arguments)
+    except (OSError, EOFError, SSHException) as exc:
+        host.log_styled(went_away(state, host, exc), fg="red", log_func=logger.error)
+        return False
     return ok
+
+
+def went_away(state, host, exc: BaseException) -> str:
+    """What to say of ``host`` lost while the operation it executes ran a long step."""
+    op_hash = getattr(host, "executing_op_hash", None)
+    step = "; ".join(sorted(state.get_op_meta(op_hash).names)) if op_hash in getattr(state, "op_meta", {}) else "a step"
+    return (f"{host.name} went away while this step ran ({step}): {type(exc).__name__}: {exc or 'connection closed'}. "
+            f"What it had done stays; the next converge, once {host.name} answers, does the rest.")

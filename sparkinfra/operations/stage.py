@@ -62,6 +62,12 @@ def image_ids(hosts: list, image: str) -> list[str | None]:
     return [value for value, _ in answers]
 
 
+def image_get_command(verb: str, image: str, *args: str) -> StringCommand:
+    """``scripts/image_get.py VERB IMAGE ARGS``: a load, a pull or the site's build, with its progress."""
+    return StringCommand("python3", "-c", QuoteString(scripts.text("image_get.py")), verb, QuoteString(image),
+                         *(QuoteString(a) for a in args))
+
+
 @operation()
 def image_present(image: str, image_id: str = "", tarball: str = "", build: str = ""):
     """
@@ -78,12 +84,13 @@ def image_present(image: str, image_id: str = "", tarball: str = "", build: str 
     """
     (current,) = image_ids([host], image)
     if current is None:
+        # Its bytes, rate and ETA every few seconds (a build: its time and last line), then its total.
         if tarball:
-            yield StringCommand("docker", "load", "-i", QuoteString(tarball))
+            yield shown(image_get_command("load", image, tarball))
         elif build:
-            yield StringCommand("sh", "-c", QuoteString(build))
+            yield shown(image_get_command("build", image, build))
         elif "@sha256:" in image:
-            yield StringCommand("docker", "pull", "-q", QuoteString(image))
+            yield shown(image_get_command("pull", image))
         else:
             yield from refuse(
                 f"{host.name}: image {image} is missing; pin it by digest (name@sha256:...) to pull it, give "
@@ -154,24 +161,30 @@ def image_on_workers(image: str, workers: list):
 
 
 @operation()
-def snapshot_manifest(repo_dir: str):
+def snapshot_manifest(repo_dir: str, deep: bool = False, required: bool = True):
     """
-    Ensure the snapshot's manifest (path, size, sha256 of every file) is current on this host;
-    only files whose size or mtime changed are hashed again.
+    Ensure this host's manifest of a snapshot (path, size, sha256 of every file) is current: the
+    files whose size or mtime changed since it was recorded are hashed (``deep``: every file), a
+    line every few seconds while they are (a fresh 224 GB snapshot takes minutes), then one line of
+    what it hashed. Reading the manifest hashes nothing.
 
     + repo_dir: the repository's folder in the HF cache
+    + deep: hash every file now instead of trusting the size/mtime record (always runs)
+    + required: a missing snapshot is an error (the head); else nothing to do (a worker, before its pull)
     """
     state = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
     if not state.get("exists"):
-        if preparing():
+        if not required:
+            host.noop(f"no copy of {repo_dir} yet")
+        elif preparing():
             yield StringCommand("echo", f"manifest of {repo_dir} once the snapshot is there")
-            return
-        yield from refuse(f"{host.name}: no snapshot at {repo_dir}")
+        else:
+            yield from refuse(f"{host.name}: no snapshot at {repo_dir}")
         return
-    if not state["stale"]:
+    if not state["stale"] and not deep:
         host.noop(f"manifest of {repo_dir}: {state['files']} files, {state['bytes']} bytes")
         return
-    yield snapshot_tool_command("manifest", repo_dir, "--write")
+    yield shown(snapshot_tool_command("manifest", repo_dir, "--write", "--progress", *(["--deep"] if deep else [])))
 
 
 def head_manifest(head, repo_dir: str) -> dict | None:
@@ -191,8 +204,7 @@ def no_head_manifest(head, repo_dir: str):
 
 
 @operation()
-def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", port: int = 0, deep: bool = False,
-                    present: bool = True):
+def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", port: int = 0, present: bool = True):
     """
     Ensure the head serves a snapshot, read-only on its fabric address, to the workers whose
     manifest digest differs from its own, from a transient unit (``transfer.STAGE_UNIT``) that
@@ -203,7 +215,6 @@ def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", 
     + head: the pyinfra host holding the snapshot
     + workers: ``(pyinfra host, fabric IP)`` of each worker
     + bind_ip, port: where the daemon listens
-    + deep: compare the workers' copies by the hash of every file
     + present: whether the daemon should run (stopped whatever the workers' copies are)
     """
     if host.name != head.name:
@@ -218,7 +229,7 @@ def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", 
     if mine is None:
         yield from no_head_manifest(host, repo_dir)
         return
-    theirs = gathered_each([w for w, _ in workers], SnapshotManifest, repo_dir=repo_dir, deep=deep)
+    theirs = gathered_each([w for w, _ in workers], SnapshotManifest, repo_dir=repo_dir, deep=False)
     behind = [ipaddr for (_, ipaddr), m in zip(workers, theirs) if (m or {}).get("digest") != mine["digest"]]
     if not behind:
         host.noop(f"every worker matches the manifest of {repo_dir}")
@@ -227,7 +238,7 @@ def snapshot_served(repo_dir: str, head, workers: list = (), bind_ip: str = "", 
 
 
 @operation()
-def snapshot_pulled(repo_dir: str, head, source: str, streams: int, deep: bool = False):
+def snapshot_pulled(repo_dir: str, head, source: str, streams: int):
     """
     Ensure this host's (a worker's) copy of a snapshot matches the head's manifest: when its
     digest differs, it pulls only missing, short (resumed) or differing files, in parallel
@@ -238,7 +249,9 @@ def snapshot_pulled(repo_dir: str, head, source: str, streams: int, deep: bool =
     + head: the pyinfra host holding the snapshot
     + source: the head's daemon (``transfer.source``)
     + streams: parallel rsync streams
-    + deep: compare by the hash of every file, not only of those whose size or mtime changed
+
+    A copy whose manifest is stale (a file touched) differs; its pull compares sizes and the
+    sha256 its manifest records (``snapshot_manifest`` ran before, ``deep`` or not).
     """
     if host.name == head.name:
         return
@@ -246,17 +259,16 @@ def snapshot_pulled(repo_dir: str, head, source: str, streams: int, deep: bool =
     if wanted is None:
         yield from no_head_manifest(head, repo_dir)
         return
-    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=deep) or {}
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
     if mine.get("digest") == wanted["digest"]:
         host.noop(f"{repo_dir} matches the head's manifest")
         return
     # Its bytes, rate and ETA every few seconds, then its total and its time.
-    yield shown(transfer.pull_command(repo_dir, source, streams, deep))
+    yield shown(transfer.pull_command(repo_dir, source, streams))
 
 
 @operation()
-def snapshot_synced(repo_dir: str, head, workers: list, bind_ip: str, port: int, source: str, streams: int,
-                    deep: bool = False):
+def snapshot_synced(repo_dir: str, head, workers: list, bind_ip: str, port: int, source: str, streams: int):
     """
     Ensure every worker's copy of a snapshot matches the head's manifest: the head serves it
     (``snapshot_served``) while each worker whose digest differs pulls it (``snapshot_pulled``). One
@@ -270,28 +282,27 @@ def snapshot_synced(repo_dir: str, head, workers: list, bind_ip: str, port: int,
     + bind_ip, port: where the head's daemon listens
     + source: the same daemon, as the workers read it (``transfer.source``)
     + streams: parallel rsync streams per worker
-    + deep: compare by the hash of every file, not only of those whose size or mtime changed
     """
     if host.name == head.name:
-        yield from snapshot_served._inner(repo_dir=repo_dir, head=head, workers=workers, bind_ip=bind_ip, port=port, deep=deep)
+        yield from snapshot_served._inner(repo_dir=repo_dir, head=head, workers=workers, bind_ip=bind_ip, port=port)
     else:
-        yield from snapshot_pulled._inner(repo_dir=repo_dir, head=head, source=source, streams=streams, deep=deep)
+        yield from snapshot_pulled._inner(repo_dir=repo_dir, head=head, source=source, streams=streams)
 
 
 @operation()
-def snapshot_matches(repo_dir: str, head, deep: bool = False):
+def snapshot_matches(repo_dir: str, head):
     """
     Ensure this host's copy of a snapshot matches the head's manifest (checked, never changed
-    here: the head stages it). A mismatch after staging is an error naming the files.
+    here: the head stages it). A mismatch after staging is an error naming the files (by size and
+    by the sha256 this copy's manifest records).
 
     + repo_dir: the repository's folder in the HF cache
     + head: the pyinfra host holding the manifest
-    + deep: hash every file, not only those whose size or mtime changed
     """
     if preparing():
         return
     wanted = gathered(head, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
-    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=deep) or {}
+    mine = gathered(host, SnapshotManifest, repo_dir=repo_dir, deep=False) or {}
     if wanted.get("digest") and mine.get("digest") == wanted["digest"]:
         host.noop(f"{repo_dir} matches the head's manifest ({mine['files']} files)")
         return
@@ -302,8 +313,7 @@ def snapshot_matches(repo_dir: str, head, deep: bool = False):
     yield StringCommand(
         "sh", "-c", QuoteString(
             f"python3 -c {shlex.quote(transfer.tool_source())} compare {shlex.quote(repo_dir)} {check}"
-            + (" --deep" if deep else "")
-            + f" | python3 -c {shlex.quote(_MISMATCH)} {shlex.quote(host.name)} {shlex.quote(repo_dir)}"
+            f" | python3 -c {shlex.quote(_MISMATCH)} {shlex.quote(host.name)} {shlex.quote(repo_dir)}"
         ),
     )
 

@@ -11,7 +11,9 @@
 #
 # The build's output goes to FOLDER/build.log (kept: the whole of it is there after a build); every
 # PROGRESS_EVERY seconds (default 5) a line names the step it is at when that changed, or every
-# 6 such periods all the same, then one line with its time; on failure, the log's last 40 lines:
+# 6 such periods all the same, then one line with its time; on failure, the log's last 40 lines.
+# A repository's fetch says git's progress the same way:
+#   build TAG: 40 s, Receiving objects:  45% (81920/182044), 112.00 MiB | 9.10 MiB/s
 #   build TAG: 125 s, [stage-1 3/7] RUN pip install vllm
 #   build TAG: built in 930 s
 set -eu
@@ -21,16 +23,21 @@ fail() { echo "image_build $tag: $*" >&2; exit 1; }
 every=${PROGRESS_EVERY:-5}
 log=$folder/build.log
 t0=$(date +%s)
+tail_lines=40
 
-# logged COMMAND...: run it with its output in $log and the progress lines on stdout; its status.
-# A step is docker's: BuildKit's "#N [stage i/n] INSTRUCTION", or the legacy builder's "Step i/n : ...".
+# logged COMMAND...: run it with its output in $log and the progress lines on stdout; its status,
+# after the log's last $tail_lines lines (40 unless set) on stderr if it failed. A step is docker's:
+# BuildKit's "#N [stage i/n] INSTRUCTION", the legacy builder's "Step i/n : ...", or git's
+# "Receiving objects: 45% ..." (its progress comes as \r-separated updates).
 logged() {
     : > "$log"
     (
         nap='' last='' quiet=0
         trap 'kill $nap 2> /dev/null; exit 0' TERM
         while sleep "$every" & nap=$!; wait $nap; do
-            step=$(grep -E '^#[0-9]+ \[|^Step [0-9]+/[0-9]+ : ' "$log" | tail -n 1 | sed 's/^#[0-9]* //' | cut -c 1-120)
+            step=$(tr '\r' '\n' < "$log" |
+                grep -E '^#[0-9]+ \[|^Step [0-9]+/[0-9]+ : |^(remote: )?(Counting|Compressing|Receiving|Resolving) ' |
+                tail -n 1 | sed 's/^#[0-9]* //; s/, done\.$//' | cut -c 1-120)
             quiet=$((quiet + 1))
             if [ "$step" != "$last" ] || [ $quiet -ge 6 ]; then
                 echo "build $tag: $(($(date +%s) - t0)) s${step:+, $step}"
@@ -44,7 +51,7 @@ logged() {
     kill $progress 2> /dev/null || true
     wait $progress || true
     if [ $status != 0 ]; then
-        tail -n 40 "$log" >&2
+        tail -n "$tail_lines" "$log" >&2
     fi
     return $status
 }
@@ -76,9 +83,12 @@ repository)
     if ! git cat-file -e "$commit^{commit}" 2> /dev/null; then
         # By id first; a server that does not serve a commit by id (git's dumb HTTP, an old
         # server without uploadpack.allowReachableSHA1InWant): every branch and tag.
-        git fetch -q --depth 1 "$url" "$commit" 2> /dev/null ||
-            git fetch -q "$url" '+refs/heads/*:refs/remotes/build/*' '+refs/tags/*:refs/tags/*' ||
-            fail "cannot fetch from $url"
+        tail_lines=0  # by id may fail where every branch succeeds: quiet
+        logged git fetch --progress --depth 1 "$url" "$commit" || {
+            tail_lines=40
+            logged git fetch --progress "$url" '+refs/heads/*:refs/remotes/build/*' '+refs/tags/*:refs/tags/*'
+        } || fail "cannot fetch from $url (the last lines of git's output are above)"
+        tail_lines=40
         git cat-file -e "$commit^{commit}" 2> /dev/null ||
             fail "$url has no commit $commit (force-pushed away? move the lock: python -m sparkinfra lock)"
     fi

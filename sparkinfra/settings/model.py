@@ -195,7 +195,8 @@ class HostSettings(BaseModel):
         "empty: huggingface.co."
     )
     stage_verify: Literal["size", "deep"] = Field(
-        "size", description="How workers are compared to the manifest: sizes, or sha256 of every file."
+        "size", description="How copies are compared to the head's manifest: sizes and the sha256 recorded while a "
+        "file's size and mtime hold, or `deep`: every file on every node hashed again first."
     )
     stage_port: int = Field(8730, ge=1, le=65535, description="Port of the head's transfer daemon (fabric only).")
     stage_streams: int = Field(8, ge=1, le=64, description="Parallel transfer streams per worker.")

@@ -4,6 +4,7 @@ HF-cache layout: converge -> again (0 changes, 0 bytes) -> verify -> faults, eac
 converge that moves only what is needed (measured on the worker's fabric port).
 """
 
+import re
 import time
 
 import pytest
@@ -16,7 +17,8 @@ REPO = "sparkbed/e2e-moe"
 REV = "e2e0000000000000000000000000000000c0ffee"
 DATA = (f"model={REPO}", f"model_revision={REV}", "lane=")  # a staging-only snapshot: no lane serves it
 SHARD = 48 << 20
-REPO_DIR = f"/var/lib/sparkinfra/hf/models--{REPO.replace('/', '--')}"
+REPO_NAME = f"models--{REPO.replace('/', '--')}"
+REPO_DIR = f"/var/lib/sparkinfra/hf/{REPO_NAME}"
 SLACK = 2 << 20  # protocol overhead a transfer may add
 
 
@@ -54,6 +56,12 @@ def test_first_converge_stages_image_and_snapshot(staged):
     assert any("The head no longer serves" in op for op in first.changed["spark-1"]), first.changed
     assert any("is pulled from the head" in op for op in first.changed["spark-2"]), first.changed
     assert moved >= 3 * SHARD, moved
+    # Progress at the default verbosity (issue 42): the head's manifest of the fresh snapshot, and
+    # the site image's build where this run made it (the bed's image_build), each in its own words.
+    assert re.search(rf"^\[spark-1\] spark-1: manifest of {REPO_NAME}: \d+ files, \d+ MiB, "
+                     r"\d+ MiB hashed in \d+ s$", first.stderr, re.M), first.stderr[-3000:]
+    if any(f"Image {simbed.IMAGE} is on the head" in op for op in first.changed["spark-1"]):
+        assert re.search(rf"^\[spark-1\] build {re.escape(simbed.IMAGE)}: built in \d+ s$", first.stderr, re.M)
 
 
 def test_second_converge_moves_nothing(staged):
@@ -110,6 +118,9 @@ def test_changed_small_file_is_caught_by_deep_verify_and_healed_by_deep_converge
     assert run.changes == {"spark-1": 0, "spark-2": 0}  # a size converge leaves it
     run, moved = _converge(bed, "stage_verify=deep")
     assert run.changed_hosts() == {"spark-1", "spark-2"} and moved <= 8192 + SLACK, (run.changed, moved)
+    for node in ("spark-1", "spark-2"):  # each node hashed every file, and said so
+        assert re.search(rf"^\[{node}\] {node}: manifest of {REPO_NAME}: \d+ files, "
+                         r"\d+ MiB, \d+ MiB hashed in \d+ s", run.stderr, re.M), run.stderr[-3000:]
     assert _verify(bed, "--deep").returncode == 0
 
 

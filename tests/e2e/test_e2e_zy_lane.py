@@ -107,6 +107,7 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
     ref = re.escape(_lane_image("sim"))
     for node, said in (
         ("spark-1", rf"build {ref}: built in \d+ s"), ("spark-1", r"download sparkbed/tiny-llama: \d+ MiB in \d+ s"),
+        ("spark-1", r"spark-1: manifest of models--sparkbed--tiny-llama: \d+ files, \d+ MiB, \d+ MiB hashed in \d+ s"),
         ("spark-1", rf"image {ref} to spark-2: \d+ [KM]iB in \d+ s, \d+ [KM]iB/s; "
                     r"(all 2 layers|1 of 2 layers \(it has the other 1, \d+ MiB\))"),
         ("spark-2", r"spark-2: \d+ MiB in \d+ s, \d+ MiB/s"),

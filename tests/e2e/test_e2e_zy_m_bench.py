@@ -123,6 +123,7 @@ def test_a_lane_whose_start_fails_is_rolled_back_to_the_known_good_one(serving):
     assert not any("serves on every node" in op for op in again.changed["spark-1"]), again.changed
 
 
+@pytest.mark.long  # 100 s of lane starts (a bracket's trials): a drill like the rollback ones, make test-all
 def test_tune_brackets_the_cpu_kv_cache_from_a_bad_start(serving, results):
     bed = serving
     args = [str(BIN / "pyinfra"), "-y", INV, "deploys/tune.py", "--data", "lane=sim-long",
@@ -147,6 +148,7 @@ def test_tune_brackets_the_cpu_kv_cache_from_a_bad_start(serving, results):
     test_tune_brackets_the_cpu_kv_cache_from_a_bad_start.suggested = m[1]
 
 
+@pytest.mark.long  # it reads the state the bracketing (long) leaves
 def test_bench_refuses_a_lane_that_is_not_serving(serving, results):
     """After the bracketing (the test before), lane sim-long is placed: lane sim's files are gone
     (one lane's files on a node at a time), so sim cannot be serving."""

@@ -92,6 +92,7 @@ def test_a_second_converge_resolves_nothing_and_changes_nothing(published):
     assert "--> lock:" not in again.stderr
 
 
+@pytest.mark.long  # 80 s: CI's budget goes to the benchmarks' quick modes; the lock's update is unit-tested
 def test_moved_branches_change_nothing_until_the_lock_moves_them(published):
     bed, _ = published
     locked = _lock(bed)

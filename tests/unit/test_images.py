@@ -292,6 +292,29 @@ def test_a_repository_recipe_builds_the_pinned_commit_patched_by_its_script(tmp_
     assert proc.returncode == 0 and "built v1-patched with --x" in build_log.read_text(), proc.stderr
 
 
+def test_a_repository_fetch_shows_gits_progress(tmp_path, build_repo):
+    """A fetch of a large repository takes minutes: git's own progress (\\r-separated) names the step."""
+    repo, commit = build_repo
+    real = shutil.which("git")
+    slow_git = (f'if [ "$1" = fetch ]; then for p in 10 40 80; do printf "Receiving objects:  $p%% ($p/100), 1.00 MiB | '
+                f'2.00 MiB/s\\r" >&2; sleep 0.6; done; fi\nexec {real} "$@"\n')
+    text = f"repository: file://{repo}\ncommit: {commit}\nscript: [./build.sh]\nproduces: made:1\n"
+    folder = _recipe(tmp_path, text)
+    tarball = tmp_path / "recipe.tar"
+    tarball.write_bytes(images.recipe_tarball(folder))
+    (tmp_path / "images-made").mkdir()
+    env = {**stubs(tmp_path, git=slow_git, docker=DOCKER.format(log=tmp_path / "docker.log", images=tmp_path / "images-made")),
+           "PROGRESS_EVERY": "0.5"}
+    args = images.build_command_args(images.Image("sparkinfra/r:abc", images.load_recipe(folder), "r", folder))
+    proc = subprocess.run(["sh", "-c", scripts.text("image_build.sh"), "image_build.sh", "sparkinfra/r:abc",
+                           str(tmp_path / "node"), str(tarball), *args], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    fetching = [m[1] for line in proc.stdout.splitlines()
+                if (m := re.fullmatch(r"build sparkinfra/r:abc: \d+ s, Receiving objects: +(\d+)% .*", line))]
+    assert fetching and fetching == sorted(fetching, key=int), proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("build sparkinfra/r:abc: built in "), proc.stdout
+
+
 @pytest.mark.parametrize("fault, expected", [
     ("patch", "patch fix.patch does not apply to"),
     ("produces", "the build script made no image other:1"),

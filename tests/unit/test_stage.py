@@ -98,9 +98,9 @@ def record_hashing(monkeypatch) -> list[str]:
     calls: list[str] = []
     real = tool._sha256
 
-    def spy(path):
+    def spy(path, meter=None):
         calls.append(path)
-        return real(path)
+        return real(path, meter)
 
     monkeypatch.setattr(tool, "_sha256", spy)
     return calls
@@ -119,14 +119,14 @@ def test_manifest_counts_flags_and_a_stable_digest(tmp_path):
     n_files = LARGE + SMALL + 1 + 1  # blobs (config.json too) + refs/main
     n_bytes = LARGE * LARGE_BYTES + SMALL * SMALL_BYTES + len(CONFIG_JSON) + len(REV)
 
-    first = tool.manifest(str(head))
+    first = tool.manifest(str(head))  # a read hashes nothing: the digest is unknown until written
     assert first == {"exists": True, "stale": True, "written": False, "files": n_files, "bytes": n_bytes,
-                     "digest": first["digest"]}
-    assert re.fullmatch(r"[0-9a-f]{64}", first["digest"])
+                     "digest": None, "to_hash": n_bytes}
     assert not (head / tool.MANIFEST).exists()
 
     written = tool.manifest(str(head), write=True)
-    assert (written["stale"], written["written"]) == (False, True)
+    assert (written["stale"], written["written"], written["hashed"]) == (False, True, None)
+    assert re.fullmatch(r"[0-9a-f]{64}", written["digest"])
     assert (head / tool.MANIFEST).is_file()
     before = (head / tool.MANIFEST).stat()
 
@@ -136,12 +136,12 @@ def test_manifest_counts_flags_and_a_stable_digest(tmp_path):
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "rewritten though current"
 
     current = tool.manifest(str(head))
-    assert (current["stale"], current["written"]) == (False, False)
+    assert (current["stale"], current["written"], current["to_hash"]) == (False, False, 0)
     # The manifest does not count itself; every call agrees on the digest.
-    assert {(m["files"], m["bytes"], m["digest"]) for m in (first, written, again, current)} == {
-        (n_files, n_bytes, first["digest"])
+    assert {(m["files"], m["bytes"], m["digest"]) for m in (written, again, current)} == {
+        (n_files, n_bytes, written["digest"])
     }
-    assert tool.manifest(str(head), deep=True)["digest"] == first["digest"]
+    assert tool.manifest(str(head), deep=True)["digest"] == written["digest"]
 
 
 def test_manifest_lists_files_with_sha256_and_snapshot_links_as_links(tmp_path):
@@ -184,9 +184,11 @@ def test_digest_changes_with_a_files_content(tmp_path):
     blob = head / blob_of(head, "extra/part-0001.json")
     blob.write_bytes(b"\0" * SMALL_BYTES)  # same size, new mtime: hashed again
     after = tool.manifest(str(head))
-    assert after["stale"] and after["digest"] != before["digest"]
+    assert (after["stale"], after["digest"], after["to_hash"]) == (True, None, SMALL_BYTES)
     assert (after["files"], after["bytes"]) == (before["files"], before["bytes"])
-    assert tool.manifest(str(head), write=True)["digest"] == after["digest"]
+    rewritten = tool.manifest(str(head), write=True)
+    assert rewritten["digest"] != before["digest"]
+    assert tool.manifest(str(head)) == {**after, "stale": False, "digest": rewritten["digest"], "to_hash": 0}
 
 
 def test_digest_changes_with_a_link_target(tmp_path):
@@ -205,7 +207,8 @@ def test_digest_ignores_mtime_but_the_manifest_goes_stale(tmp_path):
     st = blob.stat()
     os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
     after = tool.manifest(str(head))
-    assert after["stale"] and after["digest"] == before["digest"]
+    assert (after["stale"], after["digest"], after["to_hash"]) == (True, None, LARGE_BYTES)
+    assert tool.manifest(str(head), write=True)["digest"] == before["digest"]  # the content is the same
 
 
 def test_cached_sha256_is_reused_while_size_and_mtime_hold(tmp_path, monkeypatch):
@@ -302,6 +305,20 @@ def test_compare_classifies_each_difference(tmp_path):
     assert sorted(deep["differ"]) == sorted([d["differ"], d["same_size"]])
     assert deep["shorter"] == [d["shorter"]]  # still resumed (--append-verify checks the whole file)
     assert deep["bytes_needed"] == got["bytes_needed"] + SMALL_BYTES
+
+
+def test_compare_trusts_the_copys_recorded_sha256_while_it_holds(tmp_path):
+    """A same-size file that differs is found without hashing when this copy's manifest (written
+    by a deep ``manifest --write`` just before) records its sha256; not while nothing records it."""
+    head = head_snapshot(tmp_path)
+    m = wanted(head)
+    worker = worker_copy(head, tmp_path)
+    d = damage(worker)
+    assert d["same_size"] not in tool.compare(str(worker), m)["differ"]  # nothing recorded: sizes only
+    tool.manifest(str(worker), write=True, deep=True)
+    got = tool.compare(str(worker), m)
+    assert sorted(got["differ"]) == sorted([d["differ"], d["same_size"]])
+    assert got == tool.compare(str(worker), m, deep=True)
 
 
 def test_compare_only_extra_files_is_not_in_sync(tmp_path):
@@ -631,11 +648,29 @@ def test_main_manifest(tmp_path, capsys):
     digest = tool.build(str(head))["digest"]
     assert run_main(capsys, "manifest", tmp_path / "nothing") == {"exists": False, "stale": True}
     got = run_main(capsys, "manifest", head)
-    assert (got["stale"], got["written"], got["digest"]) == (True, False, digest)
+    assert (got["stale"], got["written"], got["digest"]) == (True, False, None)
     got = run_main(capsys, "manifest", head, "--write")
     assert (got["stale"], got["written"], got["digest"]) == (False, True, digest)
     got = run_main(capsys, "manifest", head, "--deep")
     assert (got["stale"], got["written"], got["digest"]) == (False, False, digest)
+
+
+def test_main_manifest_progress_tells_what_it_hashes(tmp_path, capsys, monkeypatch):
+    head = head_snapshot(tmp_path)
+    monkeypatch.setenv("PROGRESS_EVERY", "0")  # a line for every chunk read
+    host = socket.gethostname()
+    assert tool.main(["manifest", str(head), "--write", "--progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    total = LARGE * LARGE_BYTES + SMALL * SMALL_BYTES + len(CONFIG_JSON) + len(REV)
+    assert re.fullmatch(rf"{host}: hashed \d+ of {total >> 20} MiB, \d+ MiB/s, ETA \d+ s", lines[0]), lines[0]
+    assert re.fullmatch(rf"{host}: manifest of {head.name}: {LARGE + SMALL + 2} files, {total >> 20} MiB, "
+                        rf"{total >> 20} MiB hashed in \d+ s", lines[-1]), lines[-1]
+    assert tool.main(["manifest", str(head), "--write", "--progress"]) == 0  # current: nothing hashed
+    assert capsys.readouterr().out.splitlines() == [
+        f"{host}: manifest of {head.name}: {LARGE + SMALL + 2} files, {total >> 20} MiB, 0 MiB hashed in 0 s, unchanged"
+    ]
+    assert tool.main(["manifest", str(tmp_path / "nothing"), "--write", "--progress"]) == 1
+    assert capsys.readouterr().err == f"{host}: no snapshot at {tmp_path / 'nothing'}\n"
 
 
 def test_main_show(tmp_path, capsys):

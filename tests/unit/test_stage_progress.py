@@ -20,12 +20,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from paramiko import SSHException
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 
 from sparkbed import hub
-from sparkinfra import scripts, transfer
-from sparkinfra.operations.stage import HF_TOKEN_FILE, snapshot_downloaded, snapshot_pulled, snapshot_served, snapshot_synced
+from sparkinfra import progress, scripts, transfer
+from sparkinfra.facts.stage import snapshot_tool_command
+from sparkinfra.operations.stage import (
+    HF_TOKEN_FILE,
+    snapshot_downloaded,
+    snapshot_manifest,
+    snapshot_pulled,
+    snapshot_served,
+    snapshot_synced,
+)
 from sparkinfra.scripts import hf_download
 
 from test_operations import FakeHost, rendered
@@ -287,7 +296,7 @@ def manifest(digest: str | None) -> dict:
     return {"exists": True, "stale": False, "digest": digest, "files": 3, "bytes": 10} if digest else {"exists": False}
 
 
-def nodes(head_digest: str | None, *worker_digests: str | None, deep: bool = False, stage: str = "execute",
+def nodes(head_digest: str | None, *worker_digests: str | None, stage: str = "execute",
           unit_active: bool = False) -> tuple:
     """The head and its workers as fake hosts holding their manifests (and the head its unit's state)."""
     fact = {"fact": "SnapshotManifest"}
@@ -295,7 +304,7 @@ def nodes(head_digest: str | None, *worker_digests: str | None, deep: bool = Fal
             "value": {transfer.STAGE_UNIT: unit_active}}
     head = FakeHost("spark-1", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": False}, "value": manifest(head_digest)}, unit],
                     stage)
-    workers = [FakeHost(f"spark-{i}", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": deep}, "value": manifest(d)}], stage)
+    workers = [FakeHost(f"spark-{i}", [{**fact, "args": {"repo_dir": REPO_DIR, "deep": False}, "value": manifest(d)}], stage)
                for i, d in enumerate(worker_digests, 2)]
     for w in workers:
         w.state = head.state
@@ -313,14 +322,41 @@ def served(head, workers, on=None, **kwargs) -> tuple[list, list[str]]:
                   bind_ip="10.213.1.1", port=8730, **kwargs)
 
 
-@pytest.mark.parametrize("deep", [False, True])
-def test_the_head_serves_the_workers_behind_only_and_nothing_when_none_is(deep):
-    head, workers = nodes("d1", "d1", "d0", None, deep=deep)
-    (command,) = served(head, workers, deep=deep)[0]
+def test_the_head_serves_the_workers_behind_only_and_nothing_when_none_is():
+    head, workers = nodes("d1", "d1", "d0", None)
+    (command,) = served(head, workers)[0]
     assert rendered(command) == rendered(transfer.serve_command(REPO_DIR, ["10.213.1.3", "10.213.1.4"], "10.213.1.1", 8730))
-    head, workers = nodes("d1", "d1", "d1", deep=deep)
-    assert served(head, workers, deep=deep) == ([], [f"every worker matches the manifest of {REPO_DIR}"])
-    assert served(head, workers, on=workers[0], deep=deep) == ([], [])  # a worker's part: none
+    head, workers = nodes("d1", "d1", "d1")
+    assert served(head, workers) == ([], [f"every worker matches the manifest of {REPO_DIR}"])
+    assert served(head, workers, on=workers[0]) == ([], [])  # a worker's part: none
+
+
+def on_node(state: dict | None, stage: str = "execute") -> FakeHost:
+    return FakeHost("spark-1", [{"fact": "SnapshotManifest", "args": {"repo_dir": REPO_DIR, "deep": False},
+                                 "value": state}], stage)
+
+
+def test_a_stale_manifest_is_hashed_shown_and_a_current_one_is_not():
+    stale = {"exists": True, "stale": True, "digest": None, "files": 3, "bytes": 10, "to_hash": 10}
+    (command,) = run_on(on_node(stale), snapshot_manifest, repo_dir=REPO_DIR)[0]
+    assert rendered(shown_command(command)) == rendered(snapshot_tool_command("manifest", REPO_DIR, "--write", "--progress"))
+    current = manifest("d1")
+    assert run_on(on_node(current), snapshot_manifest, repo_dir=REPO_DIR) == (
+        [], [f"manifest of {REPO_DIR}: 3 files, 10 bytes"])
+    # deep: every file hashed again, current or not
+    (command,) = run_on(on_node(current), snapshot_manifest, repo_dir=REPO_DIR, deep=True)[0]
+    assert rendered(shown_command(command)) == rendered(
+        snapshot_tool_command("manifest", REPO_DIR, "--write", "--progress", "--deep"))
+
+
+def test_a_missing_snapshot_is_the_heads_error_and_a_workers_nothing_yet():
+    missing = {"exists": False, "stale": True}
+    (refused,) = run_on(on_node(missing), snapshot_manifest, repo_dir=REPO_DIR)[0]
+    assert f"spark-1: no snapshot at {REPO_DIR}" in rendered(refused)
+    (later,) = run_on(on_node(missing, stage="prepare"), snapshot_manifest, repo_dir=REPO_DIR)[0]
+    assert rendered(later) == rendered(StringCommand("echo", f"manifest of {REPO_DIR} once the snapshot is there"))
+    assert run_on(on_node(missing), snapshot_manifest, repo_dir=REPO_DIR, required=False) == (
+        [], [f"no copy of {REPO_DIR} yet"])
 
 
 def test_without_the_heads_current_manifest_nothing_is_served_or_pulled_and_a_run_says_why():
@@ -358,12 +394,41 @@ def test_the_head_stops_its_daemon_when_it_runs_and_else_does_nothing():
     assert served(head, workers, present=False) == ([], [f"nothing serves {REPO_DIR}"])
 
 
-@pytest.mark.parametrize("deep", [False, True])
-def test_a_worker_behind_pulls_shown_and_one_that_matches_does_nothing(deep):
-    head, (behind, level) = nodes("d1", "d0", "d1", deep=deep)
+def test_a_worker_behind_pulls_shown_and_one_that_matches_does_nothing():
+    head, (behind, level) = nodes("d1", "d0", "d1")
     source = transfer.source("10.213.1.1", 8730)
-    kwargs = dict(repo_dir=REPO_DIR, head=head, source=source, streams=4, deep=deep)
+    kwargs = dict(repo_dir=REPO_DIR, head=head, source=source, streams=4)
     (command,) = run_on(behind, snapshot_pulled, **kwargs)[0]
-    assert rendered(shown_command(command)) == rendered(transfer.pull_command(REPO_DIR, source, 4, deep))
+    assert rendered(shown_command(command)) == rendered(transfer.pull_command(REPO_DIR, source, 4))
     assert run_on(level, snapshot_pulled, **kwargs) == ([], [f"{REPO_DIR} matches the head's manifest"])
     assert run_on(head, snapshot_pulled, **kwargs) == ([], [])  # the head holds it
+
+
+# A host lost while a shown step runs (issue 42): one line naming it and the step, no traceback.
+
+
+class LostHost:
+    """What ``progress.run_printed`` uses of a host whose connection closes mid-command."""
+
+    name = "spark-1"
+    executing_op_hash = "op1"
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc, self.said = exc, []
+
+    def run_shell_command(self, *args, **kwargs):
+        raise self.exc
+
+    def log_styled(self, message, **kwargs):
+        self.said.append(message)
+
+
+@pytest.mark.parametrize("exc", [EOFError(), OSError("Socket is closed"), SSHException("Server connection dropped")])
+def test_a_host_lost_mid_step_fails_the_step_naming_the_host_and_the_step(exc):
+    state = SimpleNamespace(print_input=False, op_meta={"op1": SimpleNamespace(names={"Each worker's x is pulled"})})
+    state.get_op_meta = state.op_meta.__getitem__
+    host = LostHost(exc)
+    assert progress.run_printed(state, host, StringCommand("true"), {}) is False
+    (said,) = host.said
+    assert said.startswith(f"spark-1 went away while this step ran (Each worker's x is pulled): {type(exc).__name__}: ")
+    assert said.endswith("the next converge, once spark-1 answers, does the rest.")
