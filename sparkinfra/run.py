@@ -105,7 +105,7 @@ def start(preflight_first: bool = False, resolve: bool = True) -> Here:
                 except SettingsError as exc:  # not checked before connecting (no config.py): now
                     raise InventorySettingsError(f"bad settings: {exc}") from None
                 whole_clusters(state, settings)  # before any host is touched
-                ssh.prompt_replies(state)  # no delayed-ACK wait on each command
+                ssh.tune_connections(state)  # no delayed-ACK wait; a node gone away is its failure, not a crash
                 dry = bool(cli_params().get("dry"))
                 converge_lock.hold(state, state.inventory, settings, dry=dry)  # one at a time
                 try:  # what the network decides: the lock's pins, what it lacks resolved on the heads

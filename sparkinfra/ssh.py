@@ -4,27 +4,31 @@ The controller's SSH connections to the nodes.
 
 from __future__ import annotations
 
+import functools
 import socket
 
+from paramiko import SSHException
 from pyinfra.api.state import BaseStateCallback, State
 
 from .facts.reading import unproxied
 
 
-def prompt_replies(state: State) -> None:
+def tune_connections(state: State) -> None:
     """
-    Turn Nagle's algorithm off on the SSH socket of every host of this run, connected now or
-    later. paramiko leaves it on, so the small packets of each command wait for the node's
-    delayed ACK: about 40 ms per command and fact, four times what the command itself takes.
+    Tune the SSH connection of every host of this run, connected now or later: Nagle's algorithm
+    off (``no_delay``: paramiko leaves it on, so the small packets of each command wait for the
+    node's delayed ACK, about 40 ms per command and fact, four times what the command itself
+    takes), and a connection lost mid-run an error pyinfra reports on that host (``lost_as_ssh_error``).
 
     .. code:: python
 
-        ssh.prompt_replies(state)  # once per run: run.start() does
+        ssh.tune_connections(state)  # once per run: run.start() does
     """
     state = unproxied(state)
     for host in state.inventory:
         if host.connected:
             no_delay(host)
+            lost_as_ssh_error(host)
     state.add_callback_handler(_NoDelayOnConnect())
 
 
@@ -39,7 +43,31 @@ def no_delay(host) -> bool:
     return True
 
 
+def lost_as_ssh_error(host) -> None:
+    """
+    Have ``host``'s commands raise ``SSHException`` where paramiko raises ``EOFError`` (a session
+    opened on a connection whose node just went away: a reboot, a power loss). pyinfra handles
+    ``SSHException`` as a failed command or fact on that host (its error line, the host failed);
+    ``EOFError`` escapes as an internal error with a traceback, and the run stops there.
+    """
+    connector = host.connector
+    if getattr(connector, "_sparkinfra_lost", False):
+        return
+    run = connector.run_shell_command
+
+    @functools.wraps(run)
+    def run_shell_command(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except EOFError as exc:
+            raise SSHException(f"the connection to {host.name} closed ({type(exc).__name__}): it went away") from exc
+
+    connector.run_shell_command = run_shell_command
+    connector._sparkinfra_lost = True
+
+
 class _NoDelayOnConnect(BaseStateCallback):
     @staticmethod
     def host_connect(state: State, host) -> None:
         no_delay(host)
+        lost_as_ssh_error(host)

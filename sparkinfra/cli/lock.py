@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..lanes.schema import LaneError, display
-from ..lock import LockError, cluster_lane, describe, missing, resolve_here, site_lock, write
+from ..lock import LockError, cluster_lane, describe, missing, resolve_here, site_lock, token_hints, write
 from ..run import load_files
 from ..settings import Cluster, SettingsError
 
@@ -59,7 +59,9 @@ def lock_cluster(cluster: Cluster, inventory_file: str, update: set[str]) -> int
         print(f"{cluster.name}: {display(path)} pins every reference ({len(refs)}); nothing resolved")
         return 0
     config = cluster.config
-    made, failed = resolve_here(wanted, os.environ.get(config.hf_token_env, ""))
+    token = os.environ.get(config.hf_token_env, "")
+    made, failed = resolve_here(wanted, token)
+    failed = token_hints(failed, config.hf_token_env, token)
     for name, entry in made.items():
         before = entries.get(name)
         moved = "" if before is None else (" (unchanged)" if before.pin == entry.pin else f" (was {before.pin})")

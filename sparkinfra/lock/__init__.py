@@ -333,7 +333,9 @@ def settle(state, settings: Settings, inventory_file: str | None, cwd: str | Pat
         wanted = missing(refs, entries)
         head = state.inventory.get_host(cluster.head.name)
         if wanted and head.connected:  # an unreachable head: pyinfra reports it; the lock is used as it is
-            made, failed = resolve_on(head, wanted, os.environ.get(cluster.config.hf_token_env, ""))
+            token = os.environ.get(cluster.config.hf_token_env, "")
+            made, failed = resolve_on(head, wanted, token)
+            failed = token_hints(failed, cluster.config.hf_token_env, token)
             if failed:
                 raise LockError(
                     f"{cluster.name}: not locked, and {head.name} could not resolve: " + "; ".join(failed)
@@ -369,6 +371,16 @@ def reference_lines(refs: list[Reference], entries: dict[str, Entry], path: Path
             out.append(f"  {ref.name} {ref}: not locked{was}; the first converge resolves it on the head "
                        f"(or: python -m sparkinfra lock {inventory_file or 'INVENTORY'})")
     return out
+
+
+def token_hints(failed: list[str], token_env: str, token: str) -> list[str]:
+    """Each failure the Hub answered 401 or 403 (a gated or private model) with which token went, and
+    from which variable (``hf_token_env``): the cause is the controller's shell, not the network."""
+    hint = (f"sent the token from {token_env}: the Hub refuses it, or the model is gated and that account has "
+            "not accepted its terms"
+            if token else f"sent no token: {token_env} (hf_token_env) is unset or empty in this shell; export it")
+    return [f"{problem} ({hint})" if "/api/models/" in problem and re.search(r": HTTP 40[13]\b", problem) else problem
+            for problem in failed]
 
 
 def how_to_lock(inventory_file: str | None, path: Path) -> str:

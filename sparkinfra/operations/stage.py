@@ -371,7 +371,7 @@ def snapshot_downloaded(repo: str, revision: str, cache_dir: str, image: str, to
         *(["-v", f"{token_file}:/run/hf_token:ro"] if token else []),
         *(["-e", f"HF_ENDPOINT={shlex.quote(endpoint)}"] if endpoint else []),
         shlex.quote(image), "-c", shlex.quote(scripts.text("hf_download.py")),
-        shlex.quote(repo), shlex.quote(revision), shlex.quote(cache_dir),
+        shlex.quote(repo), shlex.quote(revision), shlex.quote(cache_dir), shlex.quote(token_env),
     ]
     # Its progress (bytes, rate, ETA every 5 s; then what it fetched) is printed as it comes.
     command = f"mkdir -p {shlex.quote(cache_dir)} && {' '.join(run)}; rc=$?; rm -f {token_file}; exit $rc"

@@ -2,13 +2,15 @@
 Runs ON the head, inside the lane image (python3 and huggingface_hub; shipped inline by
 sparkinfra.operations.stage): download one model snapshot into an HF hub cache.
 
-    python3 -c <this file> REPO REVISION CACHE_DIR
+    python3 -c <this file> REPO REVISION CACHE_DIR [TOKEN_ENV]
 
 The token is read from /run/hf_token (a 0600 file mounted read-only) when it is there; it is never
-printed. The revision's size comes first from the hub (``model_info(files_metadata=True)``, else
-``list_repo_tree``; unknown if both fail). huggingface_hub's own progress bars are off (tqdm's
-``\\r`` bars are one endless line once captured): instead, every PROGRESS_EVERY seconds (env,
-default 5) one line from the bytes under the repository's ``blobs`` folder (``*.incomplete`` too)::
+printed. TOKEN_ENV, the controller's variable it came from, is named when the Hub refuses (401 or
+403: a gated or private repository) with the token or without one. The revision's size comes first
+from the hub (``model_info(files_metadata=True)``, else ``list_repo_tree``; unknown if both fail).
+huggingface_hub's own progress bars are off (tqdm's ``\\r`` bars are one endless line once
+captured): instead, every PROGRESS_EVERY seconds (env, default 5) one line from the bytes under
+the repository's ``blobs`` folder (``*.incomplete`` too)::
 
     download owner/name@0123456789ab: 91 of 192 MiB, 18 MiB/s, ETA 5 s
 
@@ -118,8 +120,20 @@ class Progress:
         return max(have(self.blob_dir, self.sizes) - self.first, 0), time.monotonic() - self.start
 
 
+def refused(exc, token, token_env):
+    """What to add to a failure the Hub answered 401 or 403: which token went, from where."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status not in (401, 403) or not token_env:
+        return ""
+    if token:
+        return (f" (sent the token from the controller's {token_env}: the Hub refuses it, or the model is gated "
+                "and that account has not accepted its terms)")
+    return f" (sent no token: the controller's {token_env} is unset or empty; export it and converge again)"
+
+
 def main(argv):
-    repo, revision, cache_dir = argv
+    repo, revision, cache_dir, *rest = argv
+    token_env = rest[0] if rest else ""
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # before huggingface_hub reads it
     token = None
     if os.path.exists(TOKEN_FILE):
@@ -134,7 +148,8 @@ def main(argv):
         try:
             hh.snapshot_download(repo, revision=revision, cache_dir=cache_dir, token=token)
         except Exception as exc:  # noqa: BLE001 -- one line, never a header's value
-            print(f"download {repo}@{revision[:12]} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            print(f"download {repo}@{revision[:12]} failed: {type(exc).__name__}: {exc}{refused(exc, token, token_env)}",
+                  file=sys.stderr, flush=True)
             return 1
     fetched, seconds = progress.fetched()
     print(f"download {repo}: {fetched // MIB} MiB in {int(seconds)} s", flush=True)

@@ -389,9 +389,11 @@ def inspected(image: str):
     return layers_and_size
 
 
-def send(image: str, receive: str, targets: list[tuple[str, str]], layers_and_size, partial: bool) -> list[Worker]:
-    """One ``docker save`` of IMAGE streamed to each target's RECEIVE session; the workers, done.
-    The save packs, the workers' sessions start and the head's inspect runs all at once."""
+def send(image: str, receive: str, targets: list[tuple[str, str]], layers_and_size,
+         partial: bool) -> tuple[list[Worker], int]:
+    """One ``docker save`` of IMAGE streamed to each target's RECEIVE session; the workers, done, and
+    the save's exit status. The save packs, the workers' sessions start and the head's inspect run
+    all at once."""
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
     workers = [Worker(name, ip, receive) for name, ip in targets]
     layers, total = layers_and_size()
@@ -418,12 +420,13 @@ def send(image: str, receive: str, targets: list[tuple[str, str]], layers_and_si
         if saved != 0:
             worker.status = worker.status or 1
         worker.seconds = seconds
-    return workers
+    return workers, saved
 
 
-def summary(image: str, worker: Worker, count: int) -> str:
+def summary(image: str, worker: Worker, count: int, cut: bool = False) -> str:
     s = max(int(round(worker.seconds)), 0)
-    line = f"image {image} to {worker.name}: {size(worker.sent)} in {s} s, {size(worker.sent / max(worker.seconds, 1e-3))}/s; "
+    line = (f"image {image} to {worker.name}: {'cut after ' if cut else ''}{size(worker.sent)} in {s} s, "
+            f"{size(worker.sent / max(worker.seconds, 1e-3))}/s; ")
     kept = {i: n for i, n in worker.layers_kept.items() if i not in worker.layers_sent}
     if kept:
         line += f"{count - len(kept)} of {count} layers (it has the other {len(kept)}, {size(sum(kept.values()))})"
@@ -436,21 +439,24 @@ def main(argv: list[str]) -> int:
     image, head_id, receive, *pairs = argv
     targets = [tuple(pair.split("=", 1)) for pair in pairs]
     layers_and_size = inspected(image)
-    workers = send(image, receive, targets, layers_and_size, True)
-    retry = [w for w in workers if (w.status != 0 or w.got != head_id) and w.layers_kept]
+    workers, saved = send(image, receive, targets, layers_and_size, True)
+    if saved != 0:  # the head's own side: its docker stopped (a reboot, a restart), nothing to retry
+        print(f"image {image}: the head's docker save failed (exit {saved}, its error above): the stream was cut "
+              "on the head, not by a worker", file=sys.stderr)
+    retry = [w for w in workers if (w.status != 0 or w.got != head_id) and w.layers_kept and saved == 0]
     for worker in retry:
         print(f"{worker.name}: its load of the layers it lacked failed ({worker.said()}); "
               f"sending all of {image}", file=sys.stderr)
     if retry:
-        again = send(image, receive, [(w.name, w.ip) for w in retry], layers_and_size, False)
+        again, saved = send(image, receive, [(w.name, w.ip) for w in retry], layers_and_size, False)
         workers = [w for w in workers if w not in retry] + again
     workers.sort(key=lambda w: [name for name, _ in targets].index(w.name))
     rc = 0
     for worker in workers:
-        print(summary(image, worker, len(layers_and_size()[0])), flush=True)
+        print(summary(image, worker, len(layers_and_size()[0]), cut=saved != 0), flush=True)
     for worker in workers:
         if worker.got != head_id:
-            reason = f" ({worker.said()})" if worker.status else ""
+            reason = " (the head's save failed)" if saved != 0 else f" ({worker.said()})" if worker.status else ""
             print(f"{worker.name}: {image} is {worker.got or 'missing'}, the head has {head_id}{reason}", file=sys.stderr)
             rc = 1
     return rc

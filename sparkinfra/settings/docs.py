@@ -50,6 +50,18 @@ characters (they go into unit files, netplan and sysfs paths). `model` and `draf
 reference docker takes; paths on the nodes are absolute, without `..`, `:`, `,` or spaces (docker's
 `-v`, `LD_PRELOAD`); env values fit on one line. A value out of bounds says why the bound is there
 (`WHY` in `sparkinfra/settings/model.py`), and an unknown key names the nearest known one.
+
+Settings that are each valid but do not fit together are refused before any connection, naming both
+keys: two ports of the head that are the same (`api_port`, `master_port`, `stage_port`, a lane's);
+`fabric_twin_interface` that is `fabric_interface`; `fabric_twin_subnet` overlapping `fabric_subnet`
+or link-local; `NCCL_*` in `lane_env` (they go in `nccl_env_overrides`); `gpu_clock_cap` MIN above
+MAX; `teardown=full` without `teardown_confirm` naming the cluster; two nodes with one address or
+twin address, an address outside its subnet, no rank 0; an `api_key_env` whose variable this shell
+does not hold, or holds empty, for a deploy that serves or asks the API (`serve`, `lane`, `bench`,
+`tune`); the lane against the cluster (its `nodes` and parallelism against the node
+count, its `drafter` against the setting `drafter`, its model against `model`:
+[lanes.md](lanes.md)). Only the Hub knows whether a model is gated or private: its refusal (401,
+403) names `hf_token_env`'s variable, unset or refused, at the lock's resolution and at the download.
 """
 
 _BOUNDS = {annotated_types.Ge: ("ge", "≥"), annotated_types.Gt: ("gt", ">"), annotated_types.Le: ("le", "≤"),

@@ -10,6 +10,8 @@ import socket
 from types import SimpleNamespace
 
 import gevent
+import pytest
+from paramiko import SSHException
 from pyinfra.api.state import StateStage
 
 from sparkinfra import ssh
@@ -140,3 +142,23 @@ def test_no_delay_leaves_proxied_and_unconnected_hosts_alone():
     with left, right:
         assert ssh.no_delay(_host_with(left)) is False
     assert ssh.no_delay(SimpleNamespace(connector=SimpleNamespace(client=None))) is False
+
+
+def test_a_connection_lost_mid_run_is_an_ssh_error_pyinfra_reports_on_the_host():
+    """paramiko raises EOFError opening a session on a connection whose node went away; pyinfra
+    catches SSHException (the host's error line, the host failed) but not EOFError (a traceback)."""
+    calls = []
+
+    def run_shell_command(command, **kwargs):
+        calls.append(command)
+        if command == "lost":
+            raise EOFError()
+        return True, ["ok"]
+
+    host = SimpleNamespace(name="spark-1", connector=SimpleNamespace(run_shell_command=run_shell_command))
+    ssh.lost_as_ssh_error(host)
+    ssh.lost_as_ssh_error(host)  # once per connector, however often it connects
+    assert host.connector.run_shell_command("true", _sudo=True) == (True, ["ok"])
+    with pytest.raises(SSHException, match=r"^the connection to spark-1 closed \(EOFError\): it went away$"):
+        host.connector.run_shell_command("lost")
+    assert calls == ["true", "lost"]

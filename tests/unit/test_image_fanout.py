@@ -81,6 +81,11 @@ def head(args):
         with open(SEEN / "saves", "a") as log:
             log.write("save\n")
         data = Path(CONF["tar"]).read_bytes()
+        if CONF.get("save_dies_after") is not None:  # the head's daemon goes away mid-save (a reboot)
+            sys.stdout.buffer.write(data[:CONF["save_dies_after"]])
+            sys.stdout.buffer.flush()
+            fail('error during connect: Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.41/images/get": '
+                 "read unix @->/run/docker.sock: read: connection reset by peer")
         bounds = [0, *CONF["cuts"], len(data)]
         for k, (start, end) in enumerate(zip(bounds, bounds[1:])):
             if k:
@@ -146,7 +151,7 @@ else:
 
 def prepare(tmp_path: Path, workers: list[tuple[str, str, list]], tar: Path = FIXTURE, layers=FX_LAYERS,
             image_id: str = FX_ID, liars=(), broken=(), dying: dict[str, int] | None = None, size: int = 0,
-            cuts=(), pause: float = 0.0, every: str = "60") -> tuple[str, dict, Path]:
+            cuts=(), pause: float = 0.0, every: str = "60", save_dies_after: int | None = None) -> tuple[str, dict, Path]:
     """The head's command, an environment with the stand-ins first on PATH, and where they record.
 
     + workers: ``(name, IP, images)``, each image a list of diff IDs the worker has
@@ -154,6 +159,7 @@ def prepare(tmp_path: Path, workers: list[tuple[str, str, list]], tar: Path = FI
     + broken: IPs whose ssh fails (exit 255)
     + dying: IP -> bytes that worker's load reads before it fails
     + cuts: offsets where the head's save pauses ``pause`` seconds
+    + save_dies_after: bytes the head's save writes before its daemon goes away (exit 1)
     """
     seen = tmp_path / "seen"
     seen.mkdir()
@@ -163,7 +169,8 @@ def prepare(tmp_path: Path, workers: list[tuple[str, str, list]], tar: Path = FI
     for ip, count in dying.items():
         configured[ip]["dies_after"] = count
     conf.write_text(json.dumps({"image": IMAGE, "id": image_id, "layers": layers, "size": size, "tar": str(tar),
-                                "cuts": list(cuts), "pause": pause, "workers": configured}))
+                                "cuts": list(cuts), "pause": pause, "workers": configured,
+                                "save_dies_after": save_dies_after}))
     stub = tmp_path / "docker_stub.py"
     stub.write_text(DOCKER)
     env = stubs(
@@ -491,6 +498,23 @@ def test_a_worker_whose_partial_load_fails_gets_all_of_the_image_from_a_second_s
     assert all((seen / f"{ip}.id").read_text() == FX_ID for ip in (a, b))
     whole = amount(len(FIXTURE.read_bytes()))
     assert summaries(proc.stdout) == {"spark-2": (whole, "all 3 layers"), "spark-3": (whole, "all 3 layers")}
+
+
+def test_a_save_the_heads_docker_cuts_is_named_as_the_heads_and_not_retried(tmp_path):
+    """Issue 42: the head's docker goes away mid-save (the head rebooting): the run says the stream
+    was cut on the head, each worker's line says so instead of its load's error, no second save."""
+    a, b = "10.213.1.2", "10.213.1.3"
+    proc, seen = fanout(tmp_path, [("spark-2", a, []), ("spark-3", b, [FX_LAYERS[:1]])], save_dies_after=3000)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "connection reset by peer" in err
+    assert "image fx:1: the head's docker save failed (exit 1, its error above): the stream was cut on the head" in err
+    assert f"spark-2: fx:1 is missing, the head has {FX_ID} (the head's save failed)" in err
+    assert f"spark-3: fx:1 is missing, the head has {FX_ID} (the head's save failed)" in err
+    assert "its load of the layers it lacked failed" not in err  # nothing to retry: the head is the cause
+    assert (seen / "saves").read_text() == "save\n"
+    assert all(re.fullmatch(rf"image fx:1 to spark-[23]: cut after {SIZE} in \d+ s, {SIZE}/s; .+", line)
+               for line in proc.stdout.splitlines()), proc.stdout
 
 
 def test_a_worker_whose_ssh_fails_does_not_stop_the_others_and_is_named(tmp_path):

@@ -124,6 +124,37 @@ def test_what_cannot_be_resolved_is_named_with_why(hub_url, repo):
     assert "recipe/s (file:///nonexistent/repo@main): git ls-remote" in said
 
 
+def test_a_refused_token_is_named_by_its_variable(tmp_path):
+    """The Hub's 401 for a token it refuses: where the token came from (hf_token_env). A gated model's
+    info stays public, as on the Hub, so no token resolves (its download names the variable then);
+    a private repository's 401 without one names the variable to export. A git reference's refusal
+    gets no such hint."""
+    root = tmp_path / "gated"
+    (root / "org/model" / SHA).mkdir(parents=True)
+    (root / "org/model" / SHA / "config.json").write_text("{}\n")
+    (root / "org/model/refs").mkdir()
+    (root / "org/model/refs/main").write_text(SHA + "\n")
+    server = hub.serve(root, "127.0.0.1", 0, token="hf_right_token_123")
+    try:
+        ref = lock.Reference("model", "hub", "org/model", "main", (("endpoint", f"http://127.0.0.1:{server.server_address[1]}"),))
+        made, failed = lock.resolve_here([ref])
+        assert failed == [] and made["model"].pin == SHA
+        _, failed = lock.resolve_here([ref], "hf_wrong_token_987")
+        (wrong,) = lock.token_hints(failed, "SITE_HF_TOKEN", "hf_wrong_token_987")
+        assert ": HTTP 401" in wrong and wrong.endswith(
+            "(sent the token from SITE_HF_TOKEN: the Hub refuses it, or the model is gated and that account has not "
+            "accepted its terms)"), wrong
+        assert "hf_wrong_token_987" not in wrong
+    finally:
+        server.shutdown()
+        server.server_close()
+    private = "model (org/private@main): GET https://huggingface.co/api/models/org/private/revision/main: HTTP 401 Unauthorized"
+    assert lock.token_hints([private], "HF_TOKEN", "") == [
+        private + " (sent no token: HF_TOKEN (hf_token_env) is unset or empty in this shell; export it)"]
+    git_refusal = "recipe/r (https://github.com/x/y@main): git ls-remote: HTTP 403"
+    assert lock.token_hints([git_refusal], "HF_TOKEN", "") == [git_refusal]
+
+
 def _entry(pin: str = SHA) -> dict:
     return {"source": "org/model", "ref": "main", "pin": pin, "resolved": "2026-12-06T00:00:00Z on bluey (x)"}
 

@@ -38,7 +38,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(run, "_settings_of_run", lambda state: calls.append("settings") or settings)
     monkeypatch.setattr(run, "whole_clusters", lambda state, settings: calls.append("whole_clusters"))
     monkeypatch.setattr(run, "in_run", lambda state: {"spark-1", "spark-2", "spark-3"})
-    monkeypatch.setattr(run.ssh, "prompt_replies", lambda state: calls.append("ssh"))
+    monkeypatch.setattr(run.ssh, "tune_connections", lambda state: calls.append("ssh"))
 
     def hold(state, inventory, settings, dry=False):
         gevent.sleep(0.05)  # the network: every other host's load runs meanwhile
@@ -138,7 +138,7 @@ def test_run_start_refuses_a_partial_limit_before_touching_any_host(monkeypatch)
     state, settings = load_inventory(PAIRS, ["spark-2"])
     touched = []
     monkeypatch.setattr(run, "_settings_of_run", lambda state: settings)
-    monkeypatch.setattr(run.ssh, "prompt_replies", lambda state: touched.append("ssh"))
+    monkeypatch.setattr(run.ssh, "tune_connections", lambda state: touched.append("ssh"))
     monkeypatch.setattr(run.converge_lock, "hold", lambda *args, **kwargs: touched.append("lock"))
     monkeypatch.setattr(run.preflight, "run", lambda state, settings, in_run: touched.append("preflight"))
     jobs = load_every_host(state, ["spark-2"], preflight_first=True)

@@ -247,6 +247,19 @@ def test_the_real_client_with_a_wrong_token_fails_in_one_line_without_it(tmp_pat
     assert "hf_wrong_token_987" not in proc.stderr
 
 
+
+def test_the_hubs_refusal_names_the_controllers_token_variable(tmp_path, endpoint):
+    """Gated (401): with no token, the variable to set; with a refused one, where it came from."""
+    none = real_download(tmp_path, endpoint, "", REPO, SHA, str(tmp_path / "cache"), "HF_TOKEN")
+    assert none.returncode == 1 and "401" in none.stderr, none.stderr
+    assert none.stderr.rstrip().endswith("(sent no token: the controller's HF_TOKEN is unset or empty; "
+                                         "export it and converge again)"), none.stderr
+    wrong = real_download(tmp_path, endpoint, "hf_wrong_token_987", REPO, SHA, str(tmp_path / "cache"), "SITE_HF")
+    assert wrong.returncode == 1, wrong.stderr
+    assert "(sent the token from the controller's SITE_HF: the Hub refuses it" in wrong.stderr, wrong.stderr
+    assert "hf_wrong_token_987" not in wrong.stderr
+
+
 # The operations: their long command shown as it runs, nothing when there is nothing to do
 # --------------------------------------------------------------------------------------
 
@@ -281,7 +294,7 @@ def test_snapshot_downloaded_runs_the_download_script_shown_with_its_token_as_a_
     assert text.startswith(f"mkdir -p {CACHE} && docker run --rm --network host --entrypoint python3 -v {CACHE}:{CACHE} "
                            f"-v {HF_TOKEN_FILE}:/run/hf_token:ro vllm-node:1 -c ")
     script = scripts.text("hf_download.py")
-    assert text.endswith(f" {REPO} {SHA} {CACHE}; rc=$?; rm -f {HF_TOKEN_FILE}; exit $rc")
+    assert text.endswith(f" {REPO} {SHA} {CACHE} SPARKINFRA_TEST_HF_TOKEN; rc=$?; rm -f {HF_TOKEN_FILE}; exit $rc")
     assert script.splitlines()[-1] in text and "HF_HUB_DISABLE_PROGRESS_BARS" in text
     assert TOKEN not in text + repr(commands)
 
