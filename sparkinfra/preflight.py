@@ -17,7 +17,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
-from . import lanes, roce, scripts
+from . import lanes, roce, rules, scripts
 from .lanes.render import RDMA_DEVICES
 from .facts.reading import at_once, gathered
 from .settings import Cluster, Settings
@@ -48,13 +48,16 @@ class PreflightProbe(FactBase):
 
     @override
     def process(self, output):
-        probe: dict = {"ports": [], "hcas": []}
+        probe: dict = {"ports": [], "hcas": [], "gens": {}}
         for line in output:
             key, _, value = line.partition("=")
             if key == "port":
                 probe["ports"].append(value)
             elif key == "hca":
                 probe["hcas"].append(value)
+            elif key == "gen":
+                netdev, _, mode = value.strip().partition(" ")
+                probe["gens"][netdev] = mode
             else:
                 probe[key] = value.strip()
         return probe
@@ -179,6 +182,10 @@ def evaluate(
     checks.append(twins_check(cluster, host_name, probe, twins_down))
     if lane is not None:
         checks.append(rdma_check(host_name, probe, lane))
+    port, _, _ = port_flags(cluster, probe)
+    facts = rules.node_facts([cluster.fabric.interface, *([port.twin] if port.twin else [])], probe.get("gens", {}))
+    for rule, said in rules.node_tripped(facts):
+        checks.append(Check(host_name, f"rule {rule.id}", rule.severity == "warn", said))
 
     if node == cluster.head:
         held = [p for p in probe["ports"] if _listener(p).get("container") != config.container_name]

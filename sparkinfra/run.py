@@ -34,7 +34,7 @@ from pyinfra.api.exceptions import NoGroupError, PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
 
-from . import converge_lock, lanes, lock, preflight, ssh
+from . import converge_lock, lanes, lock, preflight, rules, ssh
 from .facts.reading import unproxied
 from .settings import (
     Cluster,
@@ -192,7 +192,7 @@ def checked_settings(inventory, inventory_file: str | None = None, cwd: str | No
                      group_data_dirs: list[str] | tuple[str, ...] = ()) -> Settings:
     """``settings.load_settings`` with each cluster's lane found and checked against it."""
     return load_settings(inventory, inventory_file, cwd, group_data_dirs,
-                         check_lane=partial(lanes.lane_problems, project=cwd))
+                         check_lane=partial(rules.lane_problems, project=cwd))
 
 
 def load_files(inventory_file: str, data: list[str] | tuple[str, ...] = (),

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import lock
+from .. import lock, rules
 from ..run import load_files
 from ..settings import SettingsError
 from ..lanes.checks import check_lane
@@ -52,7 +52,7 @@ def _show(inventory: str, data: list[str], name: str | None) -> int:
         lane = find_lane(name or cluster.config.lane)
         path, refs, entries = lock.site_lock(cluster, lane, inventory, Path.cwd())
         cluster = lock.apply(cluster, lock.pins(refs, entries), path)
-        problems = check_lane(lane, cluster)
+        problems = check_lane(lane, cluster) + rules.refusals(lane, cluster)
         refused = refused or bool(problems)
         said = lock.reference_lines(refs, entries, path, inventory)
         sys.stdout.write(("\n" if i else "") + show(lane, cluster, problems, said))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from .. import serving
+from .. import rules, serving
 from ..cluster_lane import cluster_lane
 from ..node import paths
 from ..node.paths import NCCL_ENV_FILE, NCCL_PIN_RECORD
@@ -92,7 +92,7 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
     make a converge refuse it (``problems``; by default ``check_lane``'s) and by what the site's lock
     pins (``locked``: ``lock.reference_lines``)."""
     config = cluster.config
-    problems = check_lane(lane, cluster) if problems is None else problems
+    problems = check_lane(lane, cluster) + rules.refusals(lane, cluster) if problems is None else problems
     mods, unfetched = mod_lines(lane, cluster)
     # Mods a converge fetches first are left out of the plans shown (their digests are not known yet).
     on = cluster_lane(cluster, lane.model_copy(update={"mods": []}) if unfetched else lane)
@@ -108,6 +108,7 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
         *("  " + line for line in locked),
         "  nothing was connected: what depends on a node (its twin, HCAs, GID rows) is read there by the deploys",
         *(f"  REFUSED by a converge: {problem}" for problem in problems),
+        *(f"  WARNED by a converge: {warning}" for warning in rules.warnings(lane, cluster)),
     ]
     fabric = cluster.fabric
     hcas = list(fabric.rdma_devices) or [HCA_LATER.format(interface=fabric.interface)]

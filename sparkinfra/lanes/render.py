@@ -98,6 +98,9 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
         for key, value in lane.env.items()
     }
     env.update(config.lane_env)  # the cluster's own (e.g. a tuned VLLM_CPU_KVCACHE_SPACE)
+    # vLLM's API process gives its engine 600 s by default, less than a warm two-node load of a 428B
+    # model: the tool's own bound on a start (lane_ready_timeout) is vLLM's unless the lane sets one.
+    env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(config.lane_ready_timeout), **env}
     if lane.launch == "ray":
         # Ray forwards every rank's lines to the head's log, but folds lines that differ only in
         # numbers ("world_size=2 rank=1" into rank 0's): the start-up checks read each rank's own.

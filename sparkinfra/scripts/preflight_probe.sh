@@ -7,8 +7,9 @@
 #   used=BYTES staged there, link=the `ip -o link` line of INTERFACE,
 #   rdma=the device nodes in /dev/infiniband (what a lane's container is given), one
 #   hca=DEVICE NETDEV <FLAGS> line per RDMA device (its PCI function's netdev, as ibdev2netdev
-#   reads it, and that netdev's link flags: a GB10's port is two twins), and one
-#   port=PORT pid= comm= container= line per listener on each PORT.
+#   reads it, and that netdev's link flags: a GB10's port is two twins), one
+#   gen=NETDEV MODE line for INTERFACE and each HCA's netdev (its IPv6 addr_gen_mode: 0 is eui64,
+#   - when it has none), and one port=PORT pid= comm= container= line per listener on each PORT.
 dir=$1 iface=$2
 shift 2
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -38,11 +39,14 @@ echo "link=$(ip -o link show dev "$iface" 2>/dev/null | head -n 1)"
 devices=
 for d in /dev/infiniband/*; do [ -e "$d" ] && devices="$devices ${d##*/}"; done
 echo "rdma=${devices# }"
+gen() { echo "gen=$1 $(cat "/proc/sys/net/ipv6/conf/$1/addr_gen_mode" 2>/dev/null || echo -)"; }
+gen "$iface"
 for d in /sys/class/infiniband/*; do
   [ -d "$d" ] || continue
   n=
   for x in "$d"/device/net/*; do [ -e "$x" ] && n=${x##*/} && break; done
   echo "hca=${d##*/} ${n:--} $(ip -o link show dev "${n:-none}" 2>/dev/null | grep -o '<[^>]*>' | head -n 1)"
+  [ -n "$n" ] && [ "$n" != "$iface" ] && gen "$n"
 done
 for port in "$@"; do
   ss -Hltnp "( sport = :$port )" | while read -r l; do

@@ -66,3 +66,24 @@ def test_a_stopped_dockerd_is_named_by_preflight_and_nothing_is_streamed(pair):
     assert not run.changed_hosts(), run.changed
     assert pair.fabric_rx("spark-2") - rx < 1 << 20, "something was streamed to the worker"
     assert pair.converge(INV, PREFLIGHT).returncode == 0
+
+
+def test_a_node_rule_warns_by_name_and_the_fix_clears_it(pair):
+    """rules/fabric-addr-gen-not-eui64.yaml (issue 41): the worker's fabric port set to stable-privacy
+    IPv6 addressing (the sysctl a NetworkManager default leaves): preflight passes, warning with the
+    evidence and the remedy; back to eui64, no warning."""
+    sysctl = "/proc/sys/net/ipv6/conf/enp1s0f0np0/addr_gen_mode"
+    if pair.node("spark-2", f"test -w {sysctl}", check=False).returncode != 0:
+        pytest.fail(f"the bed's node has no writable {sysctl}")
+    pair.node("spark-2", f"echo 1 > {sysctl}")
+    try:
+        run = pair.converge(INV, PREFLIGHT)
+    finally:
+        pair.node("spark-2", f"echo 0 > {sysctl}")
+    said = ("[spark-2] preflight PASS rule fabric-addr-gen-not-eui64 rule fabric-addr-gen-not-eui64 (warn): "
+            "addr_gen_mode enp1s0f0np0 1 (0 is eui64).")
+    assert said in run.stderr, run.stderr[-3000:]
+    assert "remedy: set the fabric port's and its twin's IPv6 address generation to eui64" in run.stderr
+    assert "[spark-1] preflight PASS rule" not in run.stderr
+    fixed = pair.converge(INV, PREFLIGHT)
+    assert "fabric-addr-gen-not-eui64" not in fixed.stderr, fixed.stderr[-3000:]

@@ -315,8 +315,10 @@ def test_sim_env_per_rank(cluster_of):
 def test_head_ip_placeholder(cluster_of):
     base = find_lane("sim")
     lane = base.model_copy(update={"env": {"PEER": "{head_ip}:{rank}", "JSON": '{"a": 1}'}})
-    env = launch(lane, cluster_of(base), 1).env
-    assert env == {"PEER": "10.213.1.1:1", "JSON": '{"a": 1}'}
+    cluster = cluster_of(base)
+    env = launch(lane, cluster, 1).env
+    assert env == {"VLLM_ENGINE_READY_TIMEOUT_S": str(cluster.config.lane_ready_timeout),  # the tool's bound
+                   "PEER": "10.213.1.1:1", "JSON": '{"a": 1}'}
 
 
 def test_gmu_override(cluster_of):

@@ -93,6 +93,7 @@ def test_probe_process():
         "link": LINK_UP,
         "hcas": list(GB10_HCAS),
         "ports": ["8000 pid=4242 comm=python3 container=", "29501 pid=5151 comm=python3 container=vllm_node"],
+        "gens": {},
     }
 
 
@@ -100,6 +101,7 @@ def test_probe_process_empty_values():
     # No model folder yet (du prints nothing), no interface (ip prints nothing), no listeners.
     assert PreflightProbe().process(["gpu=!missing", "docker=!missing", "free=1000", "used=", "link="]) == {
         "gpu": "!missing", "docker": "!missing", "free": "1000", "used": "", "link": "", "ports": [], "hcas": [],
+        "gens": {},
     }
 
 
@@ -476,3 +478,23 @@ def test_a_node_that_does_not_answer_is_not_reachable_with_the_reason():
         port = s.getsockname()[1]
     detail = preflight.unreachable_detail({"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_user": "u"}, "n")
     assert detail.startswith("u@127.0.0.1 not reachable (") and "refused" in detail, detail
+
+
+# Node rules (rules/*.yaml, checks: node), from the probe's facts
+# ---------------------------------------------------------------
+
+
+def test_a_fabric_port_not_eui64_is_a_warning_naming_its_netdev(cluster):
+    """rules/fabric-addr-gen-not-eui64.yaml: the fabric port and its twin only (the other port's
+    netdevs carry no fabric GID); a warning passes preflight, said."""
+    lines = probe_lines() + ["gen=enp1s0f0np0 0", "gen=enP2p1s0f0np0 1", "gen=enp1s0f1np1 2", "gen=enP2p1s0f1np1 -"]
+    parsed = PreflightProbe().process(lines)
+    assert parsed["gens"] == {"enp1s0f0np0": "0", "enP2p1s0f0np0": "1", "enp1s0f1np1": "2", "enP2p1s0f1np1": "-"}
+    rule = by_name(evaluate(cluster, WORKER, parsed))["rule fabric-addr-gen-not-eui64"]
+    assert rule.ok and rule.detail.startswith(
+        "rule fabric-addr-gen-not-eui64 (warn): addr_gen_mode enP2p1s0f0np0 1 (0 is eui64). "), rule.detail
+    assert "remedy: set the fabric port's and its twin's IPv6 address generation to eui64" in rule.detail
+    eui64 = PreflightProbe().process(probe_lines() + ["gen=enp1s0f0np0 0", "gen=enP2p1s0f0np0 0", "gen=enp1s0f1np1 2"])
+    assert not [c for c in evaluate(cluster, WORKER, eui64) if c.check.startswith("rule ")]
+    unreadable = PreflightProbe().process(probe_lines())  # no IPv6 on the node: nothing to judge
+    assert not [c for c in evaluate(cluster, WORKER, unreadable) if c.check.startswith("rule ")]

@@ -1,0 +1,215 @@
+"""
+What the field already learned, as data: each known-bad state is one file under ``rules/`` (the
+project's folder, beside ``lanes/``) saying what it checks, the evidence it prints, the remedy,
+where the field met it and whether it refuses or warns. A new rule is a new file and its test.
+
+A rule's ``when`` holds conditions on named facts, every one of which must hold for the rule to
+trip. The facts of a ``lane`` rule are what the settings and the lane decide, read on the
+controller before any connection (``lane_facts``):
+
+    nodes, launch, nccl_version, rdma, lane_ready_timeout, engine_ready_timeout (what vLLM's API
+    process gives its engine), env.NAME (rank 0's environment as the lane renders it: the lane's,
+    the site's lane_env over it, the tool's defaults), nccl_env.NAME (the cluster's NCCL
+    environment with the lane's changes)
+
+The facts of a ``node`` rule are read on each node by preflight's probe, before any change
+(``node_facts``): a refusing rule fails the node's preflight, a warning passes it, said.
+
+    addr_gen_not_eui64 (the fabric port's and its twin's netdevs whose IPv6 addr_gen_mode is not
+    eui64, with it: "enp1s0f1np1 1"; empty when none)
+
+    python -m sparkinfra.rules            # every rule: what it checks, its remedy, its source
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..lanes import Lane, LaneError, check_lane, find_lane, lane_source, launch
+from ..operations.nccl import nccl_env, nccl_variables
+from ..settings import Cluster
+
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+VLLM_ENGINE_READY_TIMEOUT_S = 600  # vLLM's own default, where nothing sets it
+
+
+class Condition(BaseModel):
+    """One test of a fact: exactly one of its keys. A fact that is not set is ``None``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    is_: str | int | bool | None = Field(None, alias="is")
+    is_not: str | int | bool | None = None
+    at_least: int | None = None
+    below: int | None = None
+    below_fact: str | None = Field(None, description="another fact's name: this one is below it")
+
+    @model_validator(mode="after")
+    def _one(self) -> Condition:
+        given = [k for k in self.model_fields_set]
+        if len(given) != 1:
+            raise ValueError(f"a condition is exactly one of is, is_not, at_least, below, below_fact (has {given})")
+        return self
+
+    def holds(self, value, facts: dict) -> bool:
+        key = next(iter(self.model_fields_set))
+        if key == "is_":
+            return _same(value, self.is_)
+        if key == "is_not":
+            return not _same(value, self.is_not)
+        number = _number(value)
+        if key == "at_least":
+            return number is not None and number >= self.at_least
+        if key == "below":
+            return number is not None and number < self.below
+        other = _number(facts.get(self.below_fact))
+        return number is not None and other is not None and number < other
+
+
+class Rule(BaseModel):
+    """One known-bad state (a file ``rules/<id>.yaml``; ``id`` is its stem)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    title: str = Field(min_length=1)
+    checks: Literal["lane", "node"]
+    severity: Literal["refuse", "warn"]
+    when: dict[str, Condition] = Field(min_length=1)
+    evidence: str = Field(min_length=1, description="What it prints, {fact} filled in.")
+    remedy: str = Field(min_length=1)
+    source: str = Field(min_length=1, description="Where the field met it.")
+
+    def trips(self, facts: dict) -> bool:
+        return all(condition.holds(facts.get(name), facts) for name, condition in self.when.items())
+
+    def said(self, facts: dict) -> str:
+        """``rule ID (refuse): <evidence>. <title>; remedy: <remedy>``."""
+        evidence = re.sub(r"\{([\w.]+)\}", lambda m: _shown(facts.get(m[1])), self.evidence)
+        return f"rule {self.id} ({self.severity}): {evidence}. {self.title}; remedy: {self.remedy}"
+
+
+class RuleError(ValueError):
+    """A rule file that does not parse, named with its key."""
+
+
+def load(folder: Path = RULES_DIR) -> list[Rule]:
+    """Every rule of ``folder``, by id. Raises ``RuleError`` naming the file and the key."""
+    rules = []
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            rules.append(Rule.model_validate({**(data or {}), "id": path.stem}))
+        except yaml.YAMLError as exc:
+            raise RuleError(f"{path}: {exc}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise RuleError(f"{path}: {where}: {first['msg']}") from None
+    return rules
+
+
+def lane_facts(lane: Lane, cluster: Cluster) -> dict:
+    """The facts a ``lane`` rule reads, as the settings and the lane decide them."""
+    config = cluster.config
+    env = launch(lane, cluster, 0).env
+    nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, list(cluster.fabric.rdma_devices), "")
+    for key, value in lane.nccl_env.items():
+        if value is None:
+            nccl.pop(key, None)
+        else:
+            nccl[key] = value
+    facts = {
+        "nodes": len(cluster.nodes), "launch": lane.launch, "nccl_version": config.nccl_version,
+        "rdma": lane.container.rdma, "lane_ready_timeout": config.lane_ready_timeout,
+        "engine_ready_timeout": int(env.get("VLLM_ENGINE_READY_TIMEOUT_S") or VLLM_ENGINE_READY_TIMEOUT_S),
+    }
+    facts.update({f"env.{k}": v for k, v in env.items()})
+    facts.update({f"nccl_env.{k}": v for k, v in nccl.items()})
+    return facts
+
+
+def tripped(lane: Lane, cluster: Cluster, rules: list[Rule] | None = None) -> list[tuple[Rule, str]]:
+    """The ``lane`` rules ``lane`` on ``cluster`` trips, each with what it says (none for a lane that
+    does not render on the cluster: ``lanes.check_lane`` says why)."""
+    try:
+        facts = lane_facts(lane, cluster)
+    except LaneError:
+        return []
+    return [(rule, rule.said(facts)) for rule in (load() if rules is None else rules)
+            if rule.checks == "lane" and rule.trips(facts)]
+
+
+def node_facts(ports: list[str], gens: dict[str, str]) -> dict:
+    """The facts a ``node`` rule reads: ``ports`` the fabric interface and its twin, ``gens`` each
+    netdev's IPv6 addr_gen_mode as the probe read it (``-``: not readable)."""
+    return {"addr_gen_not_eui64": ", ".join(f"{n} {gens[n]}" for n in ports if gens.get(n, "-") not in ("0", "-"))}
+
+
+def node_tripped(facts: dict, rules: list[Rule] | None = None) -> list[tuple[Rule, str]]:
+    """The ``node`` rules a node's ``facts`` trip, each with what it says."""
+    return [(rule, rule.said(facts)) for rule in (load() if rules is None else rules)
+            if rule.checks == "node" and rule.trips(facts)]
+
+
+def refusals(lane: Lane, cluster: Cluster) -> list[str]:
+    """What the refusing rules ``lane`` on ``cluster`` trips say, each after the lane's file (a
+    converge refuses before connecting)."""
+    return [f"{lane_source(lane)}: {said}" for rule, said in tripped(lane, cluster) if rule.severity == "refuse"]
+
+
+def warnings(lane: Lane, cluster: Cluster) -> list[str]:
+    """What the warning rules ``lane`` on ``cluster`` trips say, each after the lane's file
+    (``lanes show`` prints them)."""
+    return [f"{lane_source(lane)}: {said}" for rule, said in tripped(lane, cluster) if rule.severity == "warn"]
+
+
+def lane_problems(cluster: Cluster, project: str | Path | None = None) -> list[str]:
+    """What keeps the cluster's lane setting from serving on it: a missing or bad file,
+    ``lanes.check_lane``, and the refusing rules it trips."""
+    try:
+        lane = find_lane(cluster.config.lane, project=project)
+    except LaneError as exc:
+        return [str(exc)]
+    return check_lane(lane, cluster) + refusals(lane, cluster)
+
+
+def listing(rules: list[Rule]) -> str:
+    """What ``python -m sparkinfra.rules`` prints: each rule, what it checks, its remedy and source."""
+    out = []
+    for rule in rules:
+        checks = "; ".join(f"{name} {_condition(c)}" for name, c in rule.when.items())
+        out += [f"{rule.id} ({rule.checks}, {rule.severity}): {rule.title}",
+                f"  checks: {checks}", f"  remedy: {rule.remedy}", f"  source: {rule.source}", ""]
+    return "\n".join(out)
+
+
+def _condition(c: Condition) -> str:
+    key = next(iter(c.model_fields_set))
+    value = getattr(c, key)
+    return {"is_": f"is {value!r}", "is_not": f"is not {value!r}", "at_least": f">= {value}",
+            "below": f"< {value}", "below_fact": f"< {value}"}[key]
+
+
+def _same(value, wanted) -> bool:
+    if value is None or wanted is None:
+        return value is wanted
+    if isinstance(wanted, bool) or isinstance(value, bool):
+        return str(value).lower() == str(wanted).lower()
+    return str(value) == str(wanted)
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shown(value) -> str:
+    return "unset" if value is None else str(value)

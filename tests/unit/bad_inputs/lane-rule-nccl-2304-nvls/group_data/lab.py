@@ -1,0 +1,5 @@
+cluster = "lab"
+fabric_subnet = "10.0.0.0/24"
+model = "org/tiny"
+lane = "tiny"
+nccl_version = "2.30.4"
