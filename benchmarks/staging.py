@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.harness import bed_of, containers_run, options  # noqa: E402
 from sparkinfra import transfer  # noqa: E402
 from sparkinfra.facts.stage import snapshot_tool_command  # noqa: E402
@@ -53,7 +54,6 @@ REPO_DIR = transfer.repo_dir(CACHE, REPO)
 # varying pace: past ~2.3 GiB dirty, a method that keeps its copy would measure the disk).
 LARGE, LARGE_BYTES, SMALL, SMALL_BYTES = 4, 512 << 20, 400, 64 << 10
 QUICK = 2, 64 << 20, 40, 64 << 10  # --quick: every step, no figure to quote
-PY = str(Path(sys.executable))
 ROUNDS = 3
 TOP_LAYER = 32 << 20  # the image update's one new layer
 # The ceiling's receiver: socket to file with the least work per byte (one buffer, unbuffered writes).
@@ -131,11 +131,9 @@ def on(connection: list[str], command: str) -> None:
 
 
 def pyinfra(*args: str) -> float:
+    """Seconds one ``pyinfra -y ARGS`` took (``harness.pyinfra``: it must succeed)."""
     started = time.monotonic()
-    subprocess.run(
-        ["ip", "netns", "exec", bed.MGMT_NS, str(Path(PY).parent / "pyinfra"), "-y", *args],
-        cwd=ROOT, check=True, capture_output=True, stdin=subprocess.DEVNULL,
-    )
+    harness.pyinfra(*args)
     return time.monotonic() - started
 
 

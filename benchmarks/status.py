@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import bed_of, controller, options  # noqa: E402
+from benchmarks.harness import BIN, bed_of, controller, options  # noqa: E402
 
 ROUNDS = 3
 
@@ -36,9 +36,8 @@ def timed(*args: str) -> float:
 
 def main() -> int:
     quick = options(__doc__).quick
-    python, pyinfra = sys.executable, str(Path(sys.executable).parent / "pyinfra")
-    status = (python, "-m", "sparkinfra", "status", "inventory/sim.py")
-    no_op = (pyinfra, "-y", "inventory/sim.py", "deploys/serve.py")
+    status = (sys.executable, "-m", "sparkinfra", "status", "inventory/sim.py")
+    no_op = (str(BIN / "pyinfra"), "-y", "inventory/sim.py", "deploys/serve.py")
     with bed_of(2):
         timed(*no_op)  # serving (a no-op where it serves)
         if not quick:

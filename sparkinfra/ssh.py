@@ -29,7 +29,7 @@ def tune_connections(state: State) -> None:
         if host.connected:
             no_delay(host)
             lost_as_ssh_error(host)
-    state.add_callback_handler(_NoDelayOnConnect())
+    state.add_callback_handler(_TuneOnConnect())
 
 
 def no_delay(host) -> bool:
@@ -66,7 +66,7 @@ def lost_as_ssh_error(host) -> None:
     connector._sparkinfra_lost = True
 
 
-class _NoDelayOnConnect(BaseStateCallback):
+class _TuneOnConnect(BaseStateCallback):
     @staticmethod
     def host_connect(state: State, host) -> None:
         no_delay(host)

@@ -23,6 +23,7 @@ The facts of a ``node`` rule are read on each node by preflight's probe, before 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Literal
@@ -114,16 +115,19 @@ def load(folder: Path = RULES_DIR) -> list[Rule]:
     return rules
 
 
+@functools.cache
+def shipped() -> tuple[Rule, ...]:
+    """The rules of ``RULES_DIR``, read once per process (a run checks every lane and every node)."""
+    return tuple(load())
+
+
 def lane_facts(lane: Lane, cluster: Cluster) -> dict:
     """The facts a ``lane`` rule reads, as the settings and the lane decide them."""
     config = cluster.config
     env = launch(lane, cluster, 0).env
-    nccl = nccl_env(nccl_variables(cluster), config.nccl_env_overrides, list(cluster.fabric.rdma_devices), "")
-    for key, value in lane.nccl_env.items():
-        if value is None:
-            nccl.pop(key, None)
-        else:
-            nccl[key] = value
+    # The lane's changes go over the site's overrides (a value sets, None removes), as the runner applies them.
+    nccl = nccl_env(nccl_variables(cluster), {**config.nccl_env_overrides, **lane.nccl_env},
+                    list(cluster.fabric.rdma_devices), "")
     facts = {
         "nodes": len(cluster.nodes), "launch": lane.launch, "nccl_version": config.nccl_version,
         "rdma": lane.container.rdma, "lane_ready_timeout": config.lane_ready_timeout,
@@ -141,7 +145,7 @@ def tripped(lane: Lane, cluster: Cluster, rules: list[Rule] | None = None) -> li
         facts = lane_facts(lane, cluster)
     except LaneError:
         return []
-    return [(rule, rule.said(facts)) for rule in (load() if rules is None else rules)
+    return [(rule, rule.said(facts)) for rule in (shipped() if rules is None else rules)
             if rule.checks == "lane" and rule.trips(facts)]
 
 
@@ -153,7 +157,7 @@ def node_facts(ports: list[str], gens: dict[str, str]) -> dict:
 
 def node_tripped(facts: dict, rules: list[Rule] | None = None) -> list[tuple[Rule, str]]:
     """The ``node`` rules a node's ``facts`` trip, each with what it says."""
-    return [(rule, rule.said(facts)) for rule in (load() if rules is None else rules)
+    return [(rule, rule.said(facts)) for rule in (shipped() if rules is None else rules)
             if rule.checks == "node" and rule.trips(facts)]
 
 

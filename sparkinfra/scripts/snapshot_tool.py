@@ -84,17 +84,6 @@ def _unchanged(prev, st):
     return bool(prev) and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns
 
 
-def _to_hash(repo, cached, deep):
-    """The bytes ``build`` would hash: every file with ``deep``, else those whose size or mtime changed."""
-    old = {} if deep else {e["path"]: e for e in (cached or {}).get("entries", [])}
-    total = 0
-    for rel, path in _walk(repo):
-        if not os.path.islink(path):
-            st = os.stat(path)
-            total += 0 if _unchanged(old.get(rel), st) else st.st_size
-    return total
-
-
 def build(repo, cached=None, deep=False, meter=None):
     """The manifest of ``repo``, reusing ``cached`` hashes of files whose size and mtime are unchanged
     (with ``deep``, none); ``meter`` is told the bytes as they are hashed."""
@@ -160,7 +149,8 @@ def manifest(repo, write=False, deep=False, cached=None, progress=None):
             "digest": None if stale else on_disk.get("digest"), "to_hash": to_hash,
         }
     cached = on_disk if cached is None else cached
-    meter = Meter(_to_hash(repo, cached, deep), progress) if progress is not None else None
+    # What it will hash: every file's bytes with deep, else those whose size or mtime changed.
+    meter = Meter(quick(repo, cached)[2 if deep else 3], progress) if progress is not None else None
     fresh = build(repo, cached, deep, meter)
     stale = on_disk is None or on_disk.get("entries") != fresh["entries"]
     if stale and write:
