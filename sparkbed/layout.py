@@ -29,6 +29,11 @@ NODES_DIR = STATE / "nodes"
 CONTROLLER_DIR = STATE / "controller"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
 STANDINS = Path(__file__).parent / "standins"
+# The DGX OS kernel a node shows (the uname and meminfo stand-ins): a release the field runs
+# ConnectX-7 RDMA on, with a CMA area (its size is the bed's, not a measured GB10's). A fault writes
+# the node's /etc/sparkbed/kernel-release or cma-kib.
+KERNEL_RELEASE = "6.17.0-1031-nvidia"
+CMA_KIB = 65536
 
 
 @dataclass(frozen=True)

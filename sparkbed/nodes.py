@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .cache import BASE, IMAGE_ROOTFS, IMAGE_ROOTFS_IN_NODE, VLLM_TREE_IN_NODE, vllm_tree
 from .controller import ssh_config
-from .layout import MGMT_NS, SHAPES, STANDINS, SimNode, _enter_own_cgroup, log, node_dir, read_state, run
+from .layout import (CMA_KIB, KERNEL_RELEASE, MGMT_NS, SHAPES, STANDINS, SimNode, _enter_own_cgroup, log, node_dir,
+                     read_state, run)
 from .network import in_netns, power_on_network
 
 
@@ -48,7 +49,7 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     for path in (home, ssh_dir, ssh_dir / "authorized_keys"):
         os.chown(path, int(uid_gid), int(gid))
     # Stand-ins for the GPU/RDMA tools, and the unit that keeps the fake RDMA sysfs live.
-    for tool in ("show_gids", "ibv_devinfo", "ibdev2netdev", "ib_write_bw", "nvidia-smi"):
+    for tool in ("show_gids", "ibv_devinfo", "ibdev2netdev", "ib_write_bw", "nvidia-smi", "uname"):
         dest = root / "usr/local/bin" / tool
         shutil.copy(STANDINS / tool, dest)
         dest.chmod(0o755)
@@ -56,6 +57,13 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     lib.mkdir(parents=True, exist_ok=True)
     shutil.copy(STANDINS / "rdma_standin.py", lib / "rdma_standin.py")
     shutil.copy(STANDINS / "sparkbed-rdma.service", root / "etc/systemd/system/sparkbed-rdma.service")
+    # The kernel a node shows (uname -r, /proc/meminfo's CMA area): files a fault can change.
+    shutil.copy(STANDINS / "kernel_standin.py", lib / "kernel_standin.py")
+    shutil.copy(STANDINS / "sparkbed-kernel.service", root / "etc/systemd/system/sparkbed-kernel.service")
+    facts = root / "etc/sparkbed"
+    facts.mkdir(parents=True, exist_ok=True)
+    (facts / "kernel-release").write_text(KERNEL_RELEASE + "\n")
+    (facts / "cma-kib").write_text(f"{CMA_KIB}\n")
     form = SHAPES[node.shape]  # the stand-in's RDMA devices, each with its own netdev: this node's shape
     dropin = root / "etc/systemd/system/sparkbed-rdma.service.d"
     dropin.mkdir(parents=True, exist_ok=True)
@@ -64,7 +72,7 @@ def _write_identity(node: SimNode, root: Path, pubkey: str) -> None:
     shutil.copy(STANDINS / "sparkbed-cgroups.service", root / "etc/systemd/system/sparkbed-cgroups.service")
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    for unit in ("sparkbed-rdma.service", "sparkbed-cgroups.service"):
+    for unit in ("sparkbed-rdma.service", "sparkbed-cgroups.service", "sparkbed-kernel.service"):
         link = wants / unit
         if not link.exists():
             link.symlink_to(f"/etc/systemd/system/{unit}")

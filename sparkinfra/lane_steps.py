@@ -24,7 +24,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from . import lanes, serving
+from . import lanes, rules, serving
 from .bench import canary
 from .cluster_lane import ClusterLane, cluster_lane
 from .facts.lane import LaneRejected
@@ -177,7 +177,7 @@ def _files(here: Here, on: ClusterLane, mine: serving.RankPlan) -> None:
             name=f"vLLM in {mine.image} accepts lane {name}'s arguments for every rank",
             lane=name,
             image=mine.image,
-            request=lanes.vllm_request(lane, cluster, engine=True, in_image=True),
+            request={**lanes.vllm_request(lane, cluster, engine=True, in_image=True), "rules": rules.image_rules()},
             docker_options=list(mine.docker_options),
             mods=list(mine.mods),
             compile_cache=serving.compile_cache(name),

@@ -18,6 +18,7 @@ from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
 from . import lanes, roce, rules, scripts
+from .node import paths
 from .lanes.render import RDMA_DEVICES
 from .facts.reading import at_once, gathered
 from .settings import Cluster, Settings
@@ -43,12 +44,14 @@ class PreflightProbe(FactBase):
     """
 
     @override
-    def command(self, model_dir: str, interface: str, ports: tuple[int, ...]) -> StringCommand:
-        return scripts.command("preflight_probe.sh", model_dir, interface, *(str(int(p)) for p in ports))
+    def command(self, model_dir: str, interface: str, ports: tuple[int, ...], lane: str = "") -> StringCommand:
+        history = paths.history_path(lane) if lane else "-"
+        return scripts.command("preflight_probe.sh", model_dir, interface, paths.PROGRAMS, paths.KNOWN_GOOD, history,
+                               *(str(int(p)) for p in ports))
 
     @override
     def process(self, output):
-        probe: dict = {"ports": [], "hcas": [], "gens": {}}
+        probe: dict = {"ports": [], "hcas": [], "gens": {}, "widths": {}}
         for line in output:
             key, _, value = line.partition("=")
             if key == "port":
@@ -58,6 +61,14 @@ class PreflightProbe(FactBase):
             elif key == "gen":
                 netdev, _, mode = value.strip().partition(" ")
                 probe["gens"][netdev] = mode
+            elif key == "platform":
+                try:
+                    probe["platform"] = json.loads(value)
+                except ValueError:
+                    probe["platform"] = {}
+            elif key == "width":
+                device, *widths = value.split()
+                probe["widths"][device] = tuple(widths)
             else:
                 probe[key] = value.strip()
         return probe
@@ -183,9 +194,15 @@ def evaluate(
     if lane is not None:
         checks.append(rdma_check(host_name, probe, lane))
     port, _, _ = port_flags(cluster, probe)
-    facts = rules.node_facts([cluster.fabric.interface, *([port.twin] if port.twin else [])], probe.get("gens", {}))
-    for rule, said in rules.node_tripped(facts):
+    drift = drift_check(host_name, probe)
+    if drift:
+        checks.append(drift)
+    for rule, said in node_rules(cluster, probe, lane):
         checks.append(Check(host_name, f"rule {rule.id}", rule.severity == "warn", said))
+    if lane is not None and node == cluster.head:  # the lane's warnings (its refusals stopped the run before)
+        for rule, said in rules.tripped(lane, cluster):
+            if rule.severity == "warn":
+                checks.append(Check(host_name, f"rule {rule.id}", True, said))
 
     if node == cluster.head:
         held = [p for p in probe["ports"] if _listener(p).get("container") != config.container_name]
@@ -209,6 +226,29 @@ def docker_check(host_name: str, probe: dict) -> Check:
     if not docker or docker.startswith("!"):
         return Check(host_name, "docker", False, f"dockerd does not answer: {docker[1:] or 'no version reported'}")
     return Check(host_name, "docker", True, f"dockerd {docker} answers")
+
+
+def node_rules(cluster: Cluster, probe: dict, lane: lanes.Lane | None = None) -> list[tuple[rules.Rule, str]]:
+    """The node rules a node's ``probe`` trips (its fabric port as prepare reads it), each with what it says."""
+    return rules.node_tripped(rules.node_facts(port_flags(cluster, probe)[0], probe, cluster, lane))
+
+
+def reported_rules(cluster: Cluster, answers: dict[str, dict], lane: lanes.Lane | None) -> list[tuple[str, str, bool]]:
+    """(node, what it says, whether it refuses) of each node rule tripped by the probe lines each
+    node's ``status`` report carries (``answers``: node name -> report)."""
+    return [(name, said, rule.severity == "refuse") for name, answer in answers.items() if answer.get("probe")
+            for rule, said in node_rules(cluster, PreflightProbe().process(answer["probe"]), lane)]
+
+
+def drift_check(host_name: str, probe: dict) -> Check | None:
+    """What changed beneath the lanes since the newest known good set (the probe's ``platform``):
+    said, not refused (the node rules below judge what changed); None when nothing did."""
+    platform = probe.get("platform") or {}
+    known, changed = platform.get("known") or {}, platform.get("changes") or []
+    if not changed:
+        return None
+    return Check(host_name, "drift", True, f"since known good #{known.get('number')} (lane {known.get('lane')}): "
+                 f"{'; '.join(changed)}; the node rules run again on what it is now")
 
 
 def port_flags(cluster: Cluster, probe: dict | None) -> tuple[roce.Port, list[str], list[str]]:
@@ -304,6 +344,7 @@ def run(state, settings: Settings, in_run: set[str]) -> list[Check]:
                 "model_dir": cluster.config.model_dir,
                 "interface": cluster.fabric.interface,
                 "ports": required_ports(cluster, h.name, lane),
+                "lane": lane.name if lane and cluster.node(h.name) == cluster.head else "",  # its starts' history
             })
             for h in live
         ])

@@ -34,16 +34,9 @@ from pyinfra.api.exceptions import NoGroupError, PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
 
-from . import converge_lock, lanes, lock, preflight, rules, ssh
+from . import api_key, converge_lock, lanes, lock, preflight, rules, ssh
 from .facts.reading import unproxied
-from .settings import (
-    Cluster,
-    Node,
-    Settings,
-    SettingsError,
-    display,
-    load_settings,
-)
+from .settings import Cluster, Node, Settings, SettingsError, display, load_settings
 
 
 class InventorySettingsError(CliError, PyinfraError):
@@ -106,6 +99,7 @@ def start(preflight_first: bool = False, resolve: bool = True) -> Here:
                     raise InventorySettingsError(f"bad settings: {exc}") from None
                 whole_clusters(state, settings)  # before any host is touched
                 ssh.tune_connections(state)  # no delayed-ACK wait; a node gone away is its failure, not a crash
+                api_key.say_open(state, settings)  # an API served without a key: said in the run's last lines
                 dry = bool(cli_params().get("dry"))
                 converge_lock.hold(state, state.inventory, settings, dry=dry)  # one at a time
                 try:  # what the network decides: the lock's pins, what it lacks resolved on the heads
@@ -191,8 +185,8 @@ def refuse_cut_clusters(hosts: list, running: set[str], settings: Settings) -> N
 def checked_settings(inventory, inventory_file: str | None = None, cwd: str | None = None,
                      group_data_dirs: list[str] | tuple[str, ...] = ()) -> Settings:
     """``settings.load_settings`` with each cluster's lane found and checked against it."""
-    return load_settings(inventory, inventory_file, cwd, group_data_dirs,
-                         check_lane=partial(rules.lane_problems, project=cwd))
+    return api_key.with_keys(load_settings(inventory, inventory_file, cwd, group_data_dirs,  # a keyless cluster's own
+                                           check_lane=partial(rules.lane_problems, project=cwd)), Path(cwd or Path.cwd()))
 
 
 def load_files(inventory_file: str, data: list[str] | tuple[str, ...] = (),
@@ -298,8 +292,8 @@ def check_command_line() -> Settings | None:
     settings = check_inventory(target, _cli_override_data(), params.get("group_data") or ())
     _checked.add(_known_as(target))
     deploys = {Path(str(op)).stem for op in params.get("operations") or ()}
-    if settings is not None and deploys & USES_THE_KEY:
-        refuse_missing_key(settings, os.environ)
+    if settings is not None and deploys & USES_THE_KEY:  # a keyless cluster's key made on its first converge
+        refuse_missing_key(api_key.with_keys(settings, Path.cwd(), make=True), os.environ)
     return settings
 
 

@@ -33,6 +33,8 @@ CLASS = Path("/sys/class")
 SAVED = Path("/run/sparkbed/sysclass")
 SLOTS = Path("/run/sparkbed/gid_slots.json")
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+LINK_WIDTH = "4"  # lanes of each function's PCIe link (the bed's figure)
+FW_VER = "28.45.1200"  # the ConnectX-7 firmware the stand-in reports (the bed's figure)
 _written: dict[Path, str] = {}
 
 
@@ -155,6 +157,12 @@ def render():
         write(top / "netdev", netdev + "\n")
         # On a node ``device`` is the PCI function; its net/ holds the function's netdev.
         (top / "device" / "net" / netdev).mkdir(parents=True, exist_ok=True)
+        # The width the function's PCIe link trained at, fixed from boot (a fault writes 2 to
+        # current_link_width, as an old BIOS trains the second controller), and its firmware.
+        for name, text in (("device/current_link_width", LINK_WIDTH), ("device/max_link_width", LINK_WIDTH),
+                           ("fw_ver", FW_VER)):
+            if not (top / name).exists():
+                write(top / name, text + "\n")
     SLOTS.parent.mkdir(parents=True, exist_ok=True)
     SLOTS.write_text(json.dumps(table))
 

@@ -16,7 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
+from ..api_key import where as key_where
 from ..cluster_lane import cluster_lane
 from ..run import load_files
 
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     url = f"{on.api_url}/v1/chat/completions"
     model = on.served_name
     api_key = os.environ.get(cluster.config.api_key_env, "") if cluster.config.api_key_env else ""
+    if cluster.config.api_key_env and not api_key:
+        print(f"cluster {cluster.name}: no API key in this shell; its key is {key_where(cluster, Path.cwd())}",
+              file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
         reply = chat(url, model, args.prompt, args.max_tokens, api_key)

@@ -23,15 +23,15 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from ipaddress import IPv4Interface
+from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
 
-from ipaddress import IPv4Interface
-
-from .. import lanes, nccl_log, remote, roce, scripts, serving, transfer
+from .. import lanes, nccl_log, preflight, remote, roce, rules, scripts, serving, transfer
+from ..api_key import where as key_where
 from ..cluster_lane import cluster_lane
 from ..node import paths
-from ..node.paths import NCCL_ENV_FILE, NCCL_IDENTITY, NCCL_PIN_RECORD
 from ..run import InventorySettingsError
 from ..settings import Cluster, Fabric
 from . import chat
@@ -41,8 +41,7 @@ HISTORY_SHOWN = 5  # the lane's last events a status shows
 
 @dataclass
 class Expected:
-    """What a cluster's settings name: its lane (None: none), the plan digest they render, the
-    lane's image and API port."""
+    """What a cluster's settings name: its lane (None: none), the plan digest, the lane's image and API port."""
 
     lane: lanes.Lane | None
     digest: str = ""
@@ -58,8 +57,8 @@ def expected(cluster: Cluster) -> Expected:
     return Expected(on.lane, on.digest, on.image, on.api_port, on.served_name)
 
 
-def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
-    """The argument of ``scripts/node_report.py`` for a node of ``cluster``."""
+def node_query(cluster: Cluster, lane_name: str, image: str, head: bool = False) -> str:
+    """The argument of ``scripts/node_report.py`` for a node of ``cluster`` (``head``: its head)."""
     config = cluster.config
     repos = [transfer.repo_dir(config.model_dir, repo) for repo, _ in transfer.models(cluster)]
     files = {"unit": "", "plan": "", "started": "", "history": "", "rejected": ""}
@@ -69,8 +68,12 @@ def node_query(cluster: Cluster, lane_name: str, image: str) -> str:
                  "history": paths.history_path(lane_name), "rejected": paths.rejected_path(lane_name)}
     return json.dumps({
         "lane": files, "known_good": paths.KNOWN_GOOD, "container": config.container_name, "image": image,
-        "interface": cluster.fabric.interface, "nccl_env": NCCL_ENV_FILE, "repos": repos,
-        "pin": config.nccl_library, "pin_record": NCCL_PIN_RECORD, "identity_script": NCCL_IDENTITY,
+        "interface": cluster.fabric.interface, "nccl_env": paths.NCCL_ENV_FILE, "repos": repos,
+        "pin": config.nccl_library, "pin_record": paths.NCCL_PIN_RECORD, "identity_script": paths.NCCL_IDENTITY,
+        # preflight's probe (the node rules' facts, what changed beneath the lanes): its text, its arguments
+        "probe": base64.b64encode(scripts.text("preflight_probe.sh").encode()).decode(),
+        "probe_args": [config.model_dir, cluster.fabric.interface, paths.PROGRAMS, paths.KNOWN_GOOD,
+                       paths.history_path(lane_name) if lane_name and head else "-"],
         "snapshot_tool": base64.b64encode(transfer.tool_source().encode()).decode() if repos else "",
     })
 
@@ -90,7 +93,7 @@ def node_report(host, query: str) -> dict:
 def api_state(cluster: Cluster, want: Expected) -> dict:
     """From the controller, as a client: the head's ``/health`` and one one-token completion."""
     base = f"http://{cluster.head.ssh_host}:{want.api_port}"
-    found = {"url": base, "health": None, "completion": None, "seconds": None,
+    found = {"url": base, "health": None, "completion": None, "seconds": None, "key": key_where(cluster, Path.cwd()),
              "wedge_bound": serving.wedge_bound(cluster.config)}  # what the head's watch allows a wedged lane
     try:
         with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
@@ -126,6 +129,7 @@ def node_view(node, report: dict, head: dict, want: Expected, fabric: Fabric | N
                 "why": report.get("unreachable") or report.get("error")}
     unit, box, fab = report["unit"], report["container"], report["fabric"]
     version = nccl_log.parse("\n".join(report["nccl_lines"])).version
+    drift = preflight.PreflightProbe().process(report.get("probe") or []).get("platform") or {}
     heads_manifests = head.get("manifests") or {}
     return {
         "name": node.name, "rank": node.rank, "reached": True,
@@ -148,6 +152,9 @@ def node_view(node, report: dict, head: dict, want: Expected, fabric: Fabric | N
         "pin": report.get("pin") or {},
         "live_nccl": report.get("live_nccl"),
         "other_lanes": report["other_units"],
+        # what changed beneath the lanes since the newest known good set (a kernel, a driver...)
+        "drift": drift.get("changes") or [],
+        "drift_since": (drift.get("known") or {}).get("number"),
     }
 
 
@@ -189,8 +196,7 @@ def problems(cluster: Cluster, want: Expected, nodes: list[dict], api: dict | No
         if not node["reached"]:
             found.append(f"{where} not reached: {node['why']}")
             continue
-        for other in node["other_lanes"]:
-            found.append(f"{where}: another lane's unit runs ({other})")
+        found += [f"{where}: another lane's unit runs ({other})" for other in node["other_lanes"]]
         if not node.get("docker", True):  # nothing about images or containers can be told then
             found.append(f"{where}: the Docker daemon does not answer (systemctl status docker): no lane "
                          "container can run, no image can be read")
@@ -252,14 +258,18 @@ def cluster_status(reached: remote.Reached) -> dict:
     """One cluster's status (what ``--json`` prints for it)."""
     cluster = reached.cluster
     want = expected(cluster)
-    query = node_query(cluster, want.lane.name if want.lane else "", want.image or cluster.config.image)
+    queries = {head: node_query(cluster, want.lane.name if want.lane else "", want.image or cluster.config.image, head)
+               for head in (False, True)}
     hosts = list(reached.hosts.items())
-    answers = dict(zip([name for name, _ in hosts], remote.at_once([(node_report, (h, query)) for _, h in hosts])))
+    answers = dict(zip([name for name, _ in hosts], remote.at_once([
+        (node_report, (h, queries[name == cluster.head.name])) for name, h in hosts])))
     answers.update({name: {"unreachable": why} for name, why in reached.unreachable.items()})
     head = answers.get(cluster.head.name, {})
     nodes = [node_view(node, answers[node.name], head, want, cluster.fabric) for node in cluster.nodes]
     api = api_state(cluster, want) if want.lane else None
     found = problems(cluster, want, nodes, api)
+    tripped = preflight.reported_rules(cluster, answers, want.lane)
+    found += [f"{name}: {said} (the next converge's preflight refuses it)" for name, said, refuse in tripped if refuse]
     locked = {cluster.pin("model"), cluster.pin("drafter")} - {None}
     return {
         "cluster": cluster.name, "lane": want.lane.name if want.lane else None, "digest": want.digest or None,
@@ -271,6 +281,8 @@ def cluster_status(reached: remote.Reached) -> dict:
         "models": [{"repo": repo, "revision": revision, "locked": revision in locked}
                    for repo, revision in transfer.models(cluster)],
         "lock": cluster.lock_file or None,
+        "warnings": (rules.warnings(want.lane, cluster) if want.lane else [])  # the lane's rules, each node's
+        + [f"{name}: {said}" for name, said, refuse in tripped if not refuse],
     }
 
 
@@ -317,7 +329,8 @@ def text(status: dict) -> str:
         latency = f", a one-token completion in {api['seconds']:.2f}s" if api["seconds"] is not None else \
             f", completion: {api['completion']}" if api["completion"] else ""
         bound = f"; a wedged engine is restarted within {api['wedge_bound']}s" if api.get("wedge_bound") else ""
-        lines.append(f"  API {api['url']}: /health {api['health']}{latency}{bound}")
+        lines.append(f"  API {api['url']}: /health {api['health']}{latency}{bound}" + (f"; its key: {api['key']}"
+                                                                                     if api.get("key") else ""))
     rows = [("node", "rank", "unit", "container up since", "image", "snapshots", "fabric", "GID", "NCCL")]
     for node in status["nodes"]:
         if not node["reached"]:
@@ -351,6 +364,11 @@ def text(status: dict) -> str:
             lines.append(f"    #{kept['number']}  {when(kept.get('at'))}  lane {kept['lane']}, plan {kept['digest']}, "
                          f"image {kept['image']}{disk}: {kept.get('why', '')}")
         lines.append(f"    {kept_disk(status)}")
+    for node in (n for n in status["nodes"] if n.get("drift")):
+        lines.append(f"  {node['name']} changed since known good #{node['drift_since']}: {'; '.join(node['drift'])} "
+                     "(the next converge's preflight runs the node rules on it)")
+    for warning in status.get("warnings") or []:
+        lines.append(f"  warning: {warning}")
     rejected = status.get("rejected")
     if rejected:
         lines.append(f"  rejected: plan {rejected.get('digest')}, {when(rejected.get('at'))}: {rejected.get('why', '')} "

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import lane_history, lane_io, paths
+from . import lane_history, lane_io, paths, platform_facts
 from .plan import RunnerPlan
 
 ROOT = paths.KNOWN_GOOD
@@ -66,6 +66,7 @@ def keep(p: RunnerPlan, number: int, why: str, count: int, sources: list[str] | 
         "number": number, "lane": p.lane, "digest": p.digest, "rank": p.rank, "image": p.image,
         "image_id": lane_io.image_id(p.image), "mods": [{"name": m.name, "sha256": m.sha256} for m in p.mods],
         "at": round(time.time(), 1), "why": why[:500], "files": kept, "canary": canary,
+        "platform": platform_facts.read(),  # what ran beneath it: status and preflight say what changed since
     }
     (temp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(folder, ignore_errors=True)

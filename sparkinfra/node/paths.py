@@ -141,6 +141,12 @@ def check_request_path(lane: str) -> str:
     return f"{STATE_DIR}/{lane}.check.json"
 
 
+def check_log_path(lane: str) -> str:
+    """vLLM's own lines of the head's last in-image check of the lane (root-only; its report says
+    the verdict, this the detail)."""
+    return f"{STATE_DIR}/{lane}.check.log"
+
+
 def rejected_path(lane: str) -> str:
     """
     The head's mark of the lane's plan that a rollback turned away (its start or canary failed, or
@@ -160,8 +166,8 @@ def compile_cache_root(lane: str) -> str:
 LANE_PLACES = (
     (UNITS_DIR, LANE_UNIT_PREFIX, ".service"),  # its unit
     (PLANS_DIR, "", ".json"), (PLANS_DIR, "", ".env"), (PLANS_DIR, "", ".secret.env"),  # plan, env files
-    (STATE_DIR, "", ".validated"), (STATE_DIR, "", ".check.json"), (STATE_DIR, "", ".history"),  # the head's
-    (STATE_DIR, "", ".rejected"),
+    (STATE_DIR, "", ".validated"), (STATE_DIR, "", ".check.json"), (STATE_DIR, "", ".check.log"),  # the head's
+    (STATE_DIR, "", ".history"), (STATE_DIR, "", ".rejected"),
     (MODS_DIR, "", ""),  # its mods
     *((MARKS_DIR, "", f".{name}") for name in MARK_NAMES),  # lane_ctl's runtime marks
 )

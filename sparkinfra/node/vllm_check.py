@@ -11,9 +11,13 @@ parser registries and, with ``engine``, ``AsyncEngineArgs.from_cli_args(ns).crea
 (which reads the model's config and tokenizer). Flags in ``strip`` are removed first, with their
 values: flags only the lane's own image build knows. An empty argument list (a Ray worker) is skipped.
 
+A request's ``rules`` (the shipped image rules, as ``rule_eval`` reads them) are judged on the
+image's facts (``image_facts``: read here, with this process's environment, a rank's): a refusal
+fails the result with what it says, a warning goes to the result's ``warnings``.
+
 The last line of stdout is one JSON result per request (a list for a list):
-``{"ok": bool, "vllm": version, "rank": r or null, "error": vLLM's message or null, "stripped": [...]}``.
-vLLM's own output goes to stderr.
+``{"ok": bool, "vllm": version, "rank": r or null, "error": vLLM's message or null, "stripped": [...]}``
+(and ``warnings``, when a rule warns). vLLM's own output goes to stderr.
 """
 
 import contextlib
@@ -24,6 +28,11 @@ import json
 import os
 import re
 import sys
+
+try:
+    from . import rule_eval  # run from the node programs (the head's in-image check)
+except ImportError:
+    import rule_eval  # run as a file beside it (the controller's check)
 
 # Where vLLM keeps its serve argument parser, newest first.
 PARSER_MODULES = (
@@ -206,11 +215,56 @@ def run(requests):
     return results
 
 
+# NCCL's configuration files, in the order it reads them: a variable is set from the first that
+# has it, and never over the environment (its initEnv: setenv without overwrite).
+def _conf_files(env) -> list[str]:
+    user = env.get("NCCL_CONF_FILE") or os.path.join(env.get("HOME") or "/root", ".nccl.conf")
+    return [user, "/etc/nccl.conf"]
+
+
+def image_facts(env=None) -> dict:
+    """The facts an image rule reads (``sparkinfra.rules``), here in the lane's image with a rank's
+    environment: ``nccl_conf_applies``, what NCCL's configuration files set that the environment
+    does not ("NAME=VALUE (FILE)", comma-separated; "" when nothing)."""
+    env = os.environ if env is None else env
+    applies, seen = [], set()
+    for path in _conf_files(env):
+        try:
+            lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, equals, value = line.strip().partition("=")
+            name = name.strip()
+            if not equals or name.startswith("#") or not name or name in env or name in seen:
+                continue
+            seen.add(name)
+            applies.append(f"{name}={value.strip()} ({path})")
+    return {"nccl_conf_applies": ", ".join(applies)}
+
+
+def judged(result: dict, rules: list, facts: dict) -> dict:
+    """``result`` with the image ``rules`` that ``facts`` trip: a refusal fails it (after vLLM's own
+    verdict, which stays first), a warning is kept in its ``warnings``."""
+    for rule in rules:
+        if not rule_eval.trips(rule, facts):
+            continue
+        said = rule_eval.said(rule, facts)
+        if rule["severity"] == "refuse" and result["ok"]:
+            result.update(ok=False, rank=None, error=said)
+        elif rule["severity"] != "refuse":
+            result.setdefault("warnings", []).append(said)
+    return result
+
+
 def main():
     data = json.load(sys.stdin)
     requests = data if isinstance(data, list) else [data]
     with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout
         results = run(requests)
+    if any(r.get("rules") for r in requests):
+        facts = image_facts()
+        results = [judged(result, r.get("rules") or [], facts) for r, result in zip(requests, results)]
     print(json.dumps(results if isinstance(data, list) else results[0]))
 
 

@@ -179,8 +179,10 @@ def lane_validated(lane: str, image: str, request: dict, docker_options: list[st
                *(x for path, folder in caches.items() for x in ("-v", f"{folder}:{path}"))]
     run = docker.run(CHECK_CONTAINER, options, image, [*apply, paths.CONTAINER_PROGRAMS, "vllm_check"], stdin=True,
                      entrypoint="sh" if apply else "python3")
-    report = shlex.join(paths.program("check_report"))
-    yield f"{shlex.join(run)} < {data} | {report} && echo {key} > {marker}"
+    # Its verdict and the image rules' warnings on screen; vLLM's own lines in a log, shown on failure.
+    log = paths.check_log_path(lane)
+    report = shlex.join([*paths.program("check_report"), log])
+    yield shown(f"{shlex.join(run)} < {data} 2> {log} | {report} && echo {key} > {marker}")
 
 
 @operation()

@@ -12,11 +12,23 @@ controller before any connection (``lane_facts``):
     the site's lane_env over it, the tool's defaults), nccl_env.NAME (the cluster's NCCL
     environment with the lane's changes)
 
+The facts of an ``image`` rule are read in the lane's image, with a rank's environment, by the
+head's vLLM check before any rank starts (``node/vllm_check.py``: a refusal fails the check):
+
+    nccl_conf_applies (what NCCL's configuration files in the image set that the rank's environment
+    does not, so NCCL applies it: "NCCL_SOCKET_IFNAME=eth0 (/etc/nccl.conf)"; empty when nothing)
+
 The facts of a ``node`` rule are read on each node by preflight's probe, before any change
 (``node_facts``): a refusing rule fails the node's preflight, a warning passes it, said.
 
     addr_gen_not_eui64 (the fabric port's and its twin's netdevs whose IPv6 addr_gen_mode is not
-    eui64, with it: "enp1s0f1np1 1"; empty when none)
+    eui64, with it: "enp1s0f1np1 1"; empty when none), kernel (its release), cma_total_kib (the
+    kernel's CMA area, /proc/meminfo's CmaTotal; None when the kernel shows none), narrow_links (the
+    port's RDMA devices whose PCIe link trained narrower than it can: "roceP2p1s0f0 x2 of x4"),
+    hca_missing (the port's RDMA devices that NCCL_IB_HCA, as the node's ranks get it, leaves out),
+    ib_hca (that value), slowest_start (the head: the slowest of the lane's last ten starts to get
+    ready, in s, from its restart history; None before one), lane_ready_timeout, start_margin_pct
+    (how much of lane_ready_timeout that start left, in %)
 
     python -m sparkinfra.rules            # every rule: what it checks, its remedy, its source
 """
@@ -24,14 +36,15 @@ The facts of a ``node`` rule are read on each node by preflight's probe, before 
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .. import roce
 from ..lanes import Lane, LaneError, check_lane, find_lane, lane_source, launch
+from ..node import rule_eval
 from ..operations.nccl import nccl_env, nccl_variables
 from ..settings import Cluster
 
@@ -57,19 +70,10 @@ class Condition(BaseModel):
             raise ValueError(f"a condition is exactly one of is, is_not, at_least, below, below_fact (has {given})")
         return self
 
-    def holds(self, value, facts: dict) -> bool:
+    def plain(self) -> dict:
+        """The condition as ``rule_eval`` reads it: ``{"is": 1}``."""
         key = next(iter(self.model_fields_set))
-        if key == "is_":
-            return _same(value, self.is_)
-        if key == "is_not":
-            return not _same(value, self.is_not)
-        number = _number(value)
-        if key == "at_least":
-            return number is not None and number >= self.at_least
-        if key == "below":
-            return number is not None and number < self.below
-        other = _number(facts.get(self.below_fact))
-        return number is not None and other is not None and number < other
+        return {key.rstrip("_"): getattr(self, key)}
 
 
 class Rule(BaseModel):
@@ -79,20 +83,24 @@ class Rule(BaseModel):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str = Field(min_length=1)
-    checks: Literal["lane", "node"]
+    checks: Literal["lane", "node", "image"]
     severity: Literal["refuse", "warn"]
     when: dict[str, Condition] = Field(min_length=1)
     evidence: str = Field(min_length=1, description="What it prints, {fact} filled in.")
     remedy: str = Field(min_length=1)
     source: str = Field(min_length=1, description="Where the field met it.")
 
+    def plain(self) -> dict:
+        """The rule as ``rule_eval`` reads it (and the in-image check receives it)."""
+        return {"id": self.id, "title": self.title, "severity": self.severity, "evidence": self.evidence,
+                "remedy": self.remedy, "when": {name: c.plain() for name, c in self.when.items()}}
+
     def trips(self, facts: dict) -> bool:
-        return all(condition.holds(facts.get(name), facts) for name, condition in self.when.items())
+        return rule_eval.trips(self.plain(), facts)
 
     def said(self, facts: dict) -> str:
         """``rule ID (refuse): <evidence>. <title>; remedy: <remedy>``."""
-        evidence = re.sub(r"\{([\w.]+)\}", lambda m: _shown(facts.get(m[1])), self.evidence)
-        return f"rule {self.id} ({self.severity}): {evidence}. {self.title}; remedy: {self.remedy}"
+        return rule_eval.said(self.plain(), facts)
 
 
 class RuleError(ValueError):
@@ -119,6 +127,11 @@ def load(folder: Path = RULES_DIR) -> list[Rule]:
 def shipped() -> tuple[Rule, ...]:
     """The rules of ``RULES_DIR``, read once per process (a run checks every lane and every node)."""
     return tuple(load())
+
+
+def image_rules() -> list[dict]:
+    """The shipped ``image`` rules as the head's in-image check receives them (``rule_eval``)."""
+    return [rule.plain() for rule in shipped() if rule.checks == "image"]
 
 
 def lane_facts(lane: Lane, cluster: Cluster) -> dict:
@@ -149,10 +162,37 @@ def tripped(lane: Lane, cluster: Cluster, rules: list[Rule] | None = None) -> li
             if rule.checks == "lane" and rule.trips(facts)]
 
 
-def node_facts(ports: list[str], gens: dict[str, str]) -> dict:
-    """The facts a ``node`` rule reads: ``ports`` the fabric interface and its twin, ``gens`` each
-    netdev's IPv6 addr_gen_mode as the probe read it (``-``: not readable)."""
-    return {"addr_gen_not_eui64": ", ".join(f"{n} {gens[n]}" for n in ports if gens.get(n, "-") not in ("0", "-"))}
+def node_facts(port: roce.Port, probe: dict, cluster: Cluster, lane: Lane | None = None) -> dict:
+    """
+    The facts a ``node`` rule reads, from preflight's probe of the node.
+
+    + port: the node's fabric port (its interface, its twin, the HCAs NCCL uses)
+    + probe: ``gens`` (each netdev's IPv6 addr_gen_mode, ``-``: not readable), ``widths`` (each RDMA
+      device's current and max PCIe link width), ``kernel``, ``cma`` (kB, "" when none)
+    + cluster, lane: the NCCL environment the node's ranks get (the lane's changes over the site's)
+    """
+    gens, widths = probe.get("gens", {}), probe.get("widths", {})
+    narrow = [f"{d} x{widths[d][0]} of x{widths[d][1]}" for d in port.devices
+              if len(widths.get(d, ())) == 2 and all(w.isdigit() for w in widths[d]) and int(widths[d][0]) < int(widths[d][1])]
+    overrides = {**cluster.config.nccl_env_overrides, **(lane.nccl_env if lane else {})}
+    ib_hca = nccl_env({}, overrides, list(cluster.fabric.rdma_devices) or port.devices, "").get("NCCL_IB_HCA", "")
+    named = {item.split(":")[0] for item in ib_hca.lstrip("^=").split(",") if item}
+    excluded = ib_hca.startswith("^")
+    missing = [d for d in port.devices if ib_hca and (d in named) == excluded]
+    cma = probe.get("cma", "")
+    starts = [float(x) for x in probe.get("starts", "").split() if x.replace(".", "", 1).isdigit()]
+    timeout = cluster.config.lane_ready_timeout
+    slowest = max(starts) if starts else None
+    return {
+        "slowest_start": None if slowest is None else round(slowest), "lane_ready_timeout": timeout,
+        "start_margin_pct": None if slowest is None else round(100 * (timeout - slowest) / timeout),
+        "addr_gen_not_eui64": ", ".join(f"{n} {gens[n]}" for n in port.netdevs if gens.get(n, "-") not in ("0", "-")),
+        "kernel": probe.get("kernel") or None,
+        "cma_total_kib": int(cma) if cma.isdigit() else None,
+        "narrow_links": ", ".join(narrow),
+        "ib_hca": ib_hca,
+        "hca_missing": ", ".join(missing),
+    }
 
 
 def node_tripped(facts: dict, rules: list[Rule] | None = None) -> list[tuple[Rule, str]]:
@@ -198,22 +238,3 @@ def _condition(c: Condition) -> str:
     value = getattr(c, key)
     return {"is_": f"is {value!r}", "is_not": f"is not {value!r}", "at_least": f">= {value}",
             "below": f"< {value}", "below_fact": f"< {value}"}[key]
-
-
-def _same(value, wanted) -> bool:
-    if value is None or wanted is None:
-        return value is wanted
-    if isinstance(wanted, bool) or isinstance(value, bool):
-        return str(value).lower() == str(wanted).lower()
-    return str(value) == str(wanted)
-
-
-def _number(value) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _shown(value) -> str:
-    return "unset" if value is None else str(value)

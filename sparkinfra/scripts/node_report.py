@@ -8,8 +8,9 @@ QUERY is a JSON object: ``lane`` (its unit, plan, started mark and history paths
 ``image`` (the lane's image reference), ``interface`` (the fabric port), ``nccl_env`` (the NCCL
 env file), ``repos`` (the snapshots' folders), ``snapshot_tool`` (its text, base64: the
 manifests are read as the stage writes them), ``pin`` and ``pin_record`` (the pinned NCCL and its
-identity record) and ``identity_script`` (``nccl_identity.py`` on the node: which libnccl the
-container's vLLM processes mapped).
+identity record), ``identity_script`` (``nccl_identity.py`` on the node: which libnccl the
+container's vLLM processes mapped) and ``probe`` (preflight's probe script, base64) with its
+``probe_args``: its lines are the node rules' facts and what changed beneath the lanes.
 """
 
 from __future__ import annotations
@@ -248,7 +249,15 @@ def report(query: dict) -> dict:
         "known_good": known_good(query.get("known_good", "")),
         "rejected": rejected(lane.get("rejected", "")),
         "docker": bool(sh("docker", "version", "-f", "{{.Server.Version}}")),
+        "probe": probe(query.get("probe", ""), query.get("probe_args", [])),
     }
+
+
+def probe(text_b64: str, args: list[str]) -> list[str]:
+    """The lines of preflight's probe (sent as its text) run here with ``args``."""
+    if not text_b64:
+        return []
+    return sh("sh", "-c", base64.b64decode(text_b64).decode(), "preflight_probe.sh", *args, timeout=90).splitlines()
 
 
 if __name__ == "__main__":

@@ -204,8 +204,13 @@ class HostSettings(BaseModel):
     # Serving (deploys/lane.py)
     api_key_env: str = Field(
         "", pattern=f"^({ENV_NAME})?$",
-        description="Controller environment variable holding the API key the head serves with; empty: no key. "
-        "serve, lane, bench and tune refuse to start while it is unset or empty.",
+        description="Controller environment variable holding the API key the head serves with; empty: a key "
+        "the first converge generates, kept in group_data/<cluster>.api-key (0600, ignored by git). serve, "
+        "lane, bench and tune refuse to start while a variable named here is unset or empty.",
+    )
+    api_open: bool = Field(
+        False, description="Serve the API without any key (anyone who reaches the head's API port may use "
+        "it); every converge says so in its last lines. Not with api_key_env.",
     )
     lane: LaneName = Field(
         "", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none."
@@ -338,6 +343,13 @@ class HostSettings(BaseModel):
                     odd, other = other, odd
                 raise rule(odd, f"port {port} is also {other}: the head binds both")
             seen[port] = key
+        return self
+
+    @model_validator(mode="after")
+    def _open_or_keyed(self) -> HostSettings:
+        if self.api_open and self.api_key_env:
+            raise rule("api_open", f"an open API takes no key, and api_key_env names {self.api_key_env}: "
+                        "drop one of them")
         return self
 
     @model_validator(mode="after")

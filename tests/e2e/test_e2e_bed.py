@@ -30,9 +30,18 @@ def test_nodes_boot_systemd_sshd_dockerd(pair):
 
 
 def test_standins_say_so_in_their_first_line(pair):
-    for tool in ("show_gids", "ibv_devinfo", "ibdev2netdev", "ib_write_bw", "nvidia-smi"):
+    for tool in ("show_gids", "ibv_devinfo", "ibdev2netdev", "ib_write_bw", "nvidia-smi", "uname"):
         first = pair.node("spark-1", f"head -n 1 $(command -v {tool})").stdout
         assert "stand-in" in first, f"{tool}: {first!r}"
+
+
+def test_the_kernel_a_node_shows_is_a_dgx_os_kernels(pair):
+    """The uname and /proc/meminfo stand-ins: a DGX OS release and a CMA area (this machine's
+    kernel has neither), the rest of meminfo live; the real uname for anything but -r."""
+    shown = pair.node("spark-1", "uname -r; grep -E '^(CmaTotal|CmaFree|MemTotal):' /proc/meminfo; uname -s").stdout
+    assert shown.splitlines() == [simbed.KERNEL_RELEASE, f"MemTotal:{shown.splitlines()[1][9:]}",
+                                  f"CmaTotal:       {simbed.CMA_KIB:8d} kB", f"CmaFree:        {simbed.CMA_KIB:8d} kB",
+                                  "Linux"], shown
 
 
 def test_gpu_standin_reports_a_gb10(pair):

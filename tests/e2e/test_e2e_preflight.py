@@ -87,3 +87,45 @@ def test_a_node_rule_warns_by_name_and_the_fix_clears_it(pair):
     assert "[spark-1] preflight PASS rule" not in run.stderr
     fixed = pair.converge(INV, PREFLIGHT)
     assert "fabric-addr-gen-not-eui64" not in fixed.stderr, fixed.stderr[-3000:]
+
+
+NODE_RULES = {
+    # rule: (host, break, restore, --data, severity, evidence)
+    "kernel-cma-zero": (  # the bed's kernel stand-ins (uname, /proc/meminfo) moved to 7.0.0-1019's
+        "spark-2", "echo 0 > /etc/sparkbed/cma-kib; echo 7.0.0-1019-nvidia > /etc/sparkbed/kernel-release; sleep 3",
+        "echo 65536 > /etc/sparkbed/cma-kib; echo 6.17.0-1031-nvidia > /etc/sparkbed/kernel-release; sleep 3", (),
+        "refuse", "kernel 7.0.0-1019-nvidia: /proc/meminfo CmaTotal 0 kB",
+    ),
+    "twin-link-narrow": (  # the RDMA stand-in's PCI function trained at x2, as an old BIOS does
+        "spark-1", "echo 2 > /sys/class/infiniband/roceP2p1s0f0/device/current_link_width",
+        "echo 4 > /sys/class/infiniband/roceP2p1s0f0/device/current_link_width", (),
+        "warn", "roceP2p1s0f0 x2 of x4",
+    ),
+    "twin-missing-from-nccl-ib-hca": (
+        "spark-2", None, None, ('nccl_env_overrides={"NCCL_IB_HCA": "rocep1s0f0"}',),
+        "warn", "NCCL_IB_HCA rocep1s0f0 leaves out roceP2p1s0f0",
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", list(NODE_RULES))
+def test_a_node_rule_trips_on_a_stand_in_fact_with_evidence_and_remedy_and_the_fix_clears_it(pair, rule):
+    """Issue 41: each node rule tripped by the bed's stand-in (a kernel without a CMA area, a link
+    trained at x2) or a setting: a refusal fails preflight before anything changes, a warning passes
+    it; each says its evidence and remedy; fixed, preflight says nothing of it."""
+    host, breaks, restore, data, severity, evidence = NODE_RULES[rule]
+    if breaks:
+        pair.node(host, breaks)
+    try:
+        run = pair.converge(INV, PREFLIGHT, *data, check=False)
+    finally:
+        if restore:
+            pair.node(host, restore)
+    verdict = "FAIL" if severity == "refuse" else "PASS"
+    said = f"[{host}] preflight {verdict} rule {rule} rule {rule} ({severity}): {evidence}"
+    assert said in run.stderr, run.stderr[-3000:]
+    assert "remedy: " in run.stderr.split(said, 1)[1].splitlines()[0]
+    assert (run.returncode != 0) == (severity == "refuse"), run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    fixed = pair.converge(INV, PREFLIGHT)
+    assert f"rule {rule}" not in fixed.stderr, fixed.stderr[-3000:]

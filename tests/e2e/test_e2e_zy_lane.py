@@ -6,7 +6,6 @@ each healed by one converge -> verify; then lane switching.
 
 import hashlib
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -380,6 +379,36 @@ def _refused_start(bed, fault):
     return started.returncode, log
 
 
+def test_a_kernel_moved_beneath_the_lane_is_named_by_status_and_the_next_converge(serving):
+    """Issue 41, drift: each known good set records the kernel, driver, firmware and Docker it ran
+    on; the worker's kernel moved (the bed's uname stand-in, as an unattended upgrade leaves it):
+    ``status`` names it on that node, still serving, and the next converge's preflight says it and
+    runs the node rules on what the node is now, changing nothing. Then the head's rule on its
+    measured starts: a bound on a start the lane's own starts nearly use is a warning."""
+    bed, _, _ = serving
+    moved = "kernel 6.17.0-1031-nvidia -> 6.17.0-1032-nvidia"
+    bed.node("spark-2", "echo 6.17.0-1032-nvidia > /etc/sparkbed/kernel-release")
+    try:
+        shown = _operator(bed, "status")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert re.search(rf"^  spark-2 changed since known good #\d+: {moved} \(the next converge", shown.stdout, re.M), \
+            shown.stdout
+        assert "spark-1 changed since" not in shown.stdout
+        run = bed.converge(INV, "deploys/serve.py")
+        assert re.search(rf"\[spark-2\] preflight PASS drift\s+since known good #\d+ \(lane sim\): {moved}; "
+                         "the node rules run again", run.stderr), run.stderr[-3000:]
+        assert not run.changed_hosts(), run.changed
+    finally:
+        bed.node("spark-2", f"echo {simbed.KERNEL_RELEASE} > /etc/sparkbed/kernel-release")
+    assert "changed since" not in _operator(bed, "status").stdout
+    # The head's restart history against the bound on a start: the sim lane's starts here take 25-70 s.
+    tight = bed.converge(INV, "deploys/preflight.py", "lane_ready_timeout=30")
+    assert re.search(r"\[spark-1\] preflight PASS rule ready-timeout-near-measured-start rule "
+                     r"ready-timeout-near-measured-start \(warn\): its slowest recent start took \d+ s of "
+                     r"lane_ready_timeout 30 s \(-?\d+% left\)", tight.stderr), tight.stderr[-3000:]
+    assert "ready-timeout-near-measured-start" not in bed.converge(INV, "deploys/preflight.py").stderr
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_rank_whose_container_would_fail_on_a_spark_does_not_start(serving, fault):
     """One fault at a time: only its check fails, on the worker; rank 0's passes; nothing starts."""
@@ -486,6 +515,7 @@ def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
 
 GREETING = Path(__file__).resolve().parents[2] / "mods/sparkbed-hello/greeting"
 NOTE = Path(__file__).resolve().parents[2] / "images/sparkbed-lane/rootfs/etc/sparkbed-lane-note"
+NCCL_CONF = NOTE.parent / "nccl.conf"
 
 
 def _lane_image(lane):
@@ -543,12 +573,15 @@ def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(se
     """The image recipe gains a file and the mod a new greeting: one converge builds the new tag on
     the head only, sends the worker only the changed top layer (it has the base below it), and
     restarts the lane on both; a second converge moves nothing. The files put back, the next
-    converge (another test's) finds both tags on every node and builds nothing."""
+    converge (another test's) finds both tags on every node and builds nothing. The new image also
+    holds an /etc/nccl.conf setting what the ranks' environment does not: the head's in-image check
+    warns by the rule's name (issue 41, image rules) before the lane starts on it."""
     bed, _, _ = serving
     before = GREETING.read_text()
     try:
         NOTE.parent.mkdir(exist_ok=True)
         NOTE.write_text("a changed recipe\n")
+        NCCL_CONF.write_text("NCCL_SOCKET_NTHREADS=4\n")
         GREETING.write_text("hello from a changed mod\n")
         ref = _lane_image("sim-b")
         run = bed.converge(INV, "deploys/serve.py", "lane=sim-b")
@@ -556,6 +589,8 @@ def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(se
         assert any(f"Every worker has the head's {ref}" in op for op in run.changed["spark-1"]), run.changed
         assert any("Mod sparkbed-hello of lane sim-b has greeting" in op for op in run.changed["spark-2"]), run.changed
         assert any("serves on every node" in op for op in run.changed["spark-1"]), run.changed
+        warned = "warning: rule image-nccl-conf-applies (warn): NCCL_SOCKET_NTHREADS=4 (/etc/nccl.conf)."
+        assert warned in run.stderr, run.stderr[-3000:]
         # Images by layer (issue 21): the worker received the top layer (the recipe's rootfs/), not
         # the base's 175 MiB again; the bytes sent within 1.5x that layer's size as docker counts it.
         sent = re.search(rf"^\[spark-1\] image {re.escape(ref)} to spark-2: (\d+) ([KM])iB in \d+ s, [^;]*; "
@@ -576,6 +611,7 @@ def test_a_changed_recipe_and_mod_rebuild_once_and_restart_the_lane_with_them(se
     finally:
         GREETING.write_text(before)
         NOTE.unlink(missing_ok=True)
+        NCCL_CONF.unlink(missing_ok=True)
         if NOTE.parent.is_dir():
             NOTE.parent.rmdir()
 
@@ -677,10 +713,7 @@ def _teardown_again_then_serve(bed, *data):
 
 def test_api_refuses_requests_without_the_key(serving):
     bed, _, _ = serving
-    out = bed.node("spark-1", "python3 -c \"import urllib.request,urllib.error\n"
-                   "try: urllib.request.urlopen('http://127.0.0.1:8000/v1/models', timeout=10); print(200)\n"
-                   "except urllib.error.HTTPError as e: print(e.code)\"")
-    assert out.stdout.strip() == "401", out.stdout
+    assert _status_code(bed, "/v1/models") == 401
 
 
 def _derived(secrets: dict) -> list[str]:
@@ -695,24 +728,38 @@ def _derived(secrets: dict) -> list[str]:
     return forms
 
 
+OWN_KEY = ("--data", "api_key_env=")  # the shipped default: no key named, the site's own generated
+KEY_FILE = Path(__file__).resolve().parents[2] / "group_data/sim.api-key"
+
+
 def test_secrets_never_leak(serving):
-    """HF token and API key: a full serve that uses both (a fresh download, a rotated key) leaks neither."""
+    """HF token and API key: a full serve that uses both (a fresh download, a new key) leaks neither.
+    The key is the one a site that names none gets (issue 43): the converge generates it beside the
+    site's data, 0600 and ignored by git, serves with it, and chat and verify read it; a request
+    without it is refused."""
     bed, _, _ = serving
-    simbed.api_key_file().write_text(os.urandom(16).hex() + "\n")  # rotated: the lane restarts with it
+    KEY_FILE.unlink(missing_ok=True)
     bed.node("spark-1", "rm -rf /var/lib/sparkinfra/hf/models--sparkbed--tiny-llama")  # downloaded again
-    env = simbed.controller_env()
-    secrets = {"HF token": env[simbed.HUB_TOKEN_ENV], "API key": env[simbed.API_KEY_ENV]}
-    debug = bed.controller(*_pyinfra("-y", "--debug", "-vvv", INV, "deploys/serve.py"))
+    debug = bed.controller(*_pyinfra("-y", "--debug", "-vvv", INV, "deploys/serve.py", *OWN_KEY))
     assert debug.returncode == 0, debug.stderr[-3000:]
+    assert oct(KEY_FILE.stat().st_mode & 0o777) == "0o600"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(KEY_FILE)], cwd=KEY_FILE.parents[1], check=False)
+    assert ignored.returncode == 0, "the generated key is not ignored by git"
+    secrets = {"HF token": simbed.controller_env()[simbed.HUB_TOKEN_ENV], "API key": KEY_FILE.read_text().strip()}
+    chatted = _operator(bed, "chat", "hello", *OWN_KEY)
+    assert chatted.returncode == 0 and " tokens in " in chatted.stdout, chatted.stdout + chatted.stderr
+    shown = _operator(bed, "status", *OWN_KEY)
+    assert f"; its key: {KEY_FILE} (generated, 0600)" in shown.stdout, shown.stdout
+    assert _status_code(bed, "/v1/models") == 401
     assert "Snapshot sparkbed/tiny-llama" in debug.stdout + debug.stderr
     # restarted by the converge for the new key at once, though it started minutes ago (a young lane
     # answering 401 is not one still starting: waiting, its watch would restart it after 2 failures)
     assert "restarts (with its workers): its API key changed" in debug.stdout + debug.stderr, debug.stderr[-3000:]
-    as_json = bed.controller(*_pyinfra("-y", "--json", INV, "deploys/serve.py"))
-    dry = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=32"))
-    verify = bed.verify(INV, "-vv")
+    as_json = bed.controller(*_pyinfra("-y", "--json", INV, "deploys/serve.py", *OWN_KEY))
+    dry = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=32",
+                                   *OWN_KEY))
+    verify = bed.verify(INV, "-vv", *OWN_KEY)
     assert verify.returncode == 0, verify.output[-3000:]
-    _assert_serving(bed)
     outputs = {
         "pyinfra --debug -vvv": debug.stdout + debug.stderr,
         "pyinfra --json": as_json.stdout + as_json.stderr,
@@ -736,6 +783,27 @@ def test_secrets_never_leak(serving):
     mode = bed.node("spark-1", "stat -c '%a %U' /etc/sparkinfra/lanes/sim.secret.env").stdout.split()
     assert mode == ["600", "root"], mode
     assert bed.node("spark-1", "ls /run/sparkinfra/ | grep -c hf_token || true").stdout.strip() == "0"
+
+
+def test_an_open_api_is_an_explicit_setting_said_at_the_end_of_every_converge(serving):
+    """``api_open: true`` (issue 43): the head's key file goes, the lane serves without one, and the
+    converge's last lines say so. The lane modules after this one converge with the bed's key."""
+    bed, _, _ = serving
+    try:
+        run = bed.converge(INV, "deploys/serve.py", "api_open=true", "api_key_env=")
+        said = "--> cluster sim serves its API without a key (api_open: true): anyone who reaches 10.213.0.11:8000"
+        assert said in "\n".join(run.stderr.splitlines()[-6:]), run.stderr[-2000:]
+        assert bed.node("spark-1", "test -e /etc/sparkinfra/lanes/sim.secret.env", check=False).returncode == 1
+        assert _status_code(bed, "/v1/models") == 200
+    finally:
+        KEY_FILE.unlink(missing_ok=True)
+
+
+def _status_code(bed, path):
+    """The head's API's answer to ``path`` asked with no key, from the head."""
+    return int(bed.node("spark-1", "python3 -c \"import urllib.request,urllib.error\n"
+                        f"try: print(urllib.request.urlopen('http://127.0.0.1:8000{path}', timeout=10).status)\n"
+                        "except urllib.error.HTTPError as e: print(e.code)\"").stdout.strip())
 
 
 def test_teardown_stops_every_lane_and_keeps_image_and_weights(serving):

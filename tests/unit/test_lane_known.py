@@ -10,7 +10,7 @@ import pytest
 from test_lane_ctl import _plan, _with
 
 from sparkinfra.cli import status as status_view
-from sparkinfra.node import lane_ctl, lane_io, lane_known
+from sparkinfra.node import lane_ctl, lane_io, lane_known, platform_facts
 
 
 @pytest.fixture
@@ -53,6 +53,7 @@ def test_a_set_keeps_the_ranks_placed_files_as_they_are_and_what_ran(ctl):
     assert (meta["lane"], meta["digest"], meta["image"], meta["image_id"]) == ("sim", "d1", "img:1", "sha256:" + "ab" * 32)
     assert stat.S_IMODE((ctl.tmp / "known").stat().st_mode) == 0o700  # env files, the head's key file
     assert lane_known.entries() == [meta]
+    assert set(meta["platform"]) == set(platform_facts.FIELDS)  # what ran beneath it (drift: test_platform_facts)
 
 
 def test_only_the_newest_sets_stay_and_a_half_written_one_is_no_set(ctl):

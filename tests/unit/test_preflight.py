@@ -93,7 +93,7 @@ def test_probe_process():
         "link": LINK_UP,
         "hcas": list(GB10_HCAS),
         "ports": ["8000 pid=4242 comm=python3 container=", "29501 pid=5151 comm=python3 container=vllm_node"],
-        "gens": {},
+        "gens": {}, "widths": {},
     }
 
 
@@ -101,7 +101,7 @@ def test_probe_process_empty_values():
     # No model folder yet (du prints nothing), no interface (ip prints nothing), no listeners.
     assert PreflightProbe().process(["gpu=!missing", "docker=!missing", "free=1000", "used=", "link="]) == {
         "gpu": "!missing", "docker": "!missing", "free": "1000", "used": "", "link": "", "ports": [], "hcas": [],
-        "gens": {},
+        "gens": {}, "widths": {},
     }
 
 
@@ -136,8 +136,13 @@ def test_probe_script_runs_and_its_lines_are_read(tmp_path):
     assert "lo:" in found["link"] and "UP" in link_flags(found)
     assert [p.split()[0] for p in found["ports"]] == [str(port)], found["ports"]
     assert f"pid={os.getpid()}" in found["ports"][0]
+    assert found["kernel"] == os.uname().release and "cma" in found  # this kernel shows no CMA area: ""
+    assert "platform" not in found  # no node programs placed here
     worker = PreflightProbe().command("/var/lib/sparkinfra/hf", "enp1s0f0np0", ()).get_raw_value()
-    assert worker.endswith("preflight_probe.sh /var/lib/sparkinfra/hf enp1s0f0np0")
+    assert worker.endswith("preflight_probe.sh /var/lib/sparkinfra/hf enp1s0f0np0 /usr/local/lib/sparkinfra/node "
+                           "/var/lib/sparkinfra/known-good -")
+    head = PreflightProbe().command("/var/lib/sparkinfra/hf", "enp1s0f0np0", (8000,), "sim").get_raw_value()
+    assert head.endswith("/var/lib/sparkinfra/known-good /var/lib/sparkinfra/lanes/sim.history 8000")
 
 
 # The probe's docker line, from stand-ins of docker's client: the daemon answers, does not
@@ -498,3 +503,14 @@ def test_a_fabric_port_not_eui64_is_a_warning_naming_its_netdev(cluster):
     assert not [c for c in evaluate(cluster, WORKER, eui64) if c.check.startswith("rule ")]
     unreadable = PreflightProbe().process(probe_lines())  # no IPv6 on the node: nothing to judge
     assert not [c for c in evaluate(cluster, WORKER, unreadable) if c.check.startswith("rule ")]
+
+
+def test_status_judges_the_node_rules_on_the_probe_lines_each_node_report_carries(cluster):
+    """``status`` (its node report runs this probe): a refusing node rule is a problem, a warning a warning."""
+    from sparkinfra.preflight import reported_rules
+
+    answers = {HEAD: {"probe": probe_lines() + ["cma=65536", "width=roceP2p1s0f0 2 4"]},
+               WORKER: {"probe": probe_lines() + ["cma=0", "kernel=7.0.0-1019-nvidia"]}, "gone": {"unreachable": "x"}}
+    found = reported_rules(cluster, answers, None)
+    assert [(name, said.split(":", 1)[0], refuse) for name, said, refuse in found] == [
+        (HEAD, "rule twin-link-narrow (warn)", False), (WORKER, "rule kernel-cma-zero (refuse)", True)]

@@ -39,6 +39,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(run, "whole_clusters", lambda state, settings: calls.append("whole_clusters"))
     monkeypatch.setattr(run, "in_run", lambda state: {"spark-1", "spark-2", "spark-3"})
     monkeypatch.setattr(run.ssh, "tune_connections", lambda state: calls.append("ssh"))
+    monkeypatch.setattr(run.api_key, "say_open", lambda state, settings: calls.append("say_open"))
 
     def hold(state, inventory, settings, dry=False):
         gevent.sleep(0.05)  # the network: every other host's load runs meanwhile
@@ -78,12 +79,12 @@ def test_the_run_level_work_happens_once_while_every_host_waits(calls):
     state = new_state()
     jobs = load_every_host(state, ["spark-1", "spark-2", "spark-3"], preflight_first=True)
     assert all(job.successful() for job in jobs), [job.exception for job in jobs]
-    assert calls == ["settings", "whole_clusters", "ssh", "lock", "pins", "preflight"]
+    assert calls == ["settings", "whole_clusters", "ssh", "say_open", "lock", "pins", "preflight"]
     assert [job.value.is_head for job in jobs] == [True, False, False]
     load_every_host(state, ["spark-1", "spark-2"])  # the next deploy file of the same run
-    assert calls == ["settings", "whole_clusters", "ssh", "lock", "pins", "preflight"]
+    assert calls == ["settings", "whole_clusters", "ssh", "say_open", "lock", "pins", "preflight"]
     load_every_host(new_state(), ["spark-1"])  # another run starts afresh
-    assert calls[6:] == ["settings", "whole_clusters", "ssh", "lock", "pins"]
+    assert calls[7:] == ["settings", "whole_clusters", "ssh", "say_open", "lock", "pins"]
 
 
 def test_an_error_of_the_run_level_work_stops_every_host(calls, monkeypatch):

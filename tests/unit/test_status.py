@@ -116,6 +116,7 @@ def _report(sim, rank: int, **over) -> dict:
         "known_good": [],
         "rejected": None,
         "docker": True,
+        "probe": [],
     }
     found.update(over)
     return found
@@ -314,7 +315,7 @@ def test_a_node_view(sim):
                    "addresses": ["10.213.1.1/24"]},
                   {"device": "roceP2p1s0f0", "netdev": "enP2p1s0f0np0", "row": "3", "mtu": 4200, "operstate": "up",
                    "addresses": ["169.254.1.1/16"]}],
-        "twin_problems": [], "pin": head["pin"], "live_nccl": head["live_nccl"],
+        "twin_problems": [], "pin": head["pin"], "live_nccl": head["live_nccl"], "drift": [], "drift_since": None,
     }
     assert worker_view["image_matches_head"] is False and worker_view["image_id"] is None
     assert worker_view["snapshots_match_head"] == {"models--sparkbed--tiny-llama": False}
@@ -482,7 +483,8 @@ class _Api(http.server.BaseHTTPRequestHandler):
 
 
 def _api_config(**over):
-    return SimpleNamespace(**{"api_key_env": "", "lane_liveness_interval": 10, "lane_liveness_timeout": 1, **over})
+    return SimpleNamespace(**{"api_key_env": "", "api_open": False, "lane_liveness_interval": 10,
+                              "lane_liveness_timeout": 1, **over})
 
 
 class _Wedged(_Api):
@@ -493,7 +495,7 @@ class _Wedged(_Api):
 def test_a_wedged_api_is_told_within_the_watchs_own_timeout(sim):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Wedged)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config())
+    cluster = SimpleNamespace(name="sim", head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config())
     try:
         found = status.api_state(cluster, status.Expected(sim.want.lane, "d", "i", server.server_port))
     finally:
@@ -508,7 +510,7 @@ def test_api_state_health_and_one_token(sim, monkeypatch):
     server = http.server.HTTPServer(("127.0.0.1", 0), _Api)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     monkeypatch.setenv("MY_KEY", "sk-test")
-    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config(api_key_env="MY_KEY"))
+    cluster = SimpleNamespace(name="sim", head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config(api_key_env="MY_KEY"))
     want = status.Expected(sim.want.lane, sim.want.digest, sim.want.image, server.server_port, sim.want.served_name)
     try:
         found = status.api_state(cluster, want)
@@ -526,7 +528,7 @@ def test_api_state_of_a_port_nobody_listens_on(sim):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cluster = SimpleNamespace(head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config())
+    cluster = SimpleNamespace(name="sim", head=SimpleNamespace(ssh_host="127.0.0.1"), config=_api_config())
     found = status.api_state(cluster, status.Expected(sim.want.lane, "d", "i", port))
     assert str(found["health"]).startswith("no answer (") and found["completion"] is None
     assert found["seconds"] is None
@@ -817,3 +819,19 @@ def test_the_known_good_sets_are_read_from_their_metas_oldest_first(node_report,
     assert [(k["number"], k["lane"]) for k in found] == [(1, "sim"), (2, "sim-b")]
     assert set(found[0]) == {"number", "lane", "digest", "image", "at", "why", "canary", "image_id", "image_bytes"}
     assert node_report.known_good(str(tmp_path / "none")) == [] and node_report.known_good("") == []
+
+
+def test_what_changed_beneath_the_lane_since_its_known_good_set_is_said_per_node(sim):
+    """Issue 41, drift: a node's platform_facts answer (its kernel moved since known good #3)."""
+    changed = {"now": {"kernel": "7.0.0-1019-nvidia"}, "known": {"number": 3, "lane": "sim"},
+               "changes": ["kernel 6.17.0-1031-nvidia -> 7.0.0-1019-nvidia"]}
+    head, worker = _report(sim, 0), {**_report(sim, 1), "probe": [f"platform={json.dumps(changed)}"]}
+    head_view, worker_view = _views(sim, head, worker)
+    assert (head_view["drift"], worker_view["drift"], worker_view["drift_since"]) == (
+        [], ["kernel 6.17.0-1031-nvidia -> 7.0.0-1019-nvidia"], 3)
+    shown = status.text({"cluster": "sim", "lane": "sim", "digest": "d", "serving": True, "api": None, "history": [],
+                         "problems": [], "nodes": [{**worker_view, "reached": False}],
+                         "warnings": ["lanes/sim.yaml: rule x (warn): y"]}).splitlines()
+    assert ("  spark-2 changed since known good #3: kernel 6.17.0-1031-nvidia -> 7.0.0-1019-nvidia (the next "
+            "converge's preflight runs the node rules on it)") in shown
+    assert "  warning: lanes/sim.yaml: rule x (warn): y" in shown
