@@ -4,7 +4,8 @@ domain module imports these). One entry, ``python -m sparkinfra VIEW ...`` (or t
 command ``pip install`` makes):
 
     python -m sparkinfra lanes show [LANE] --inventory inventory/pair.py   # each rank's docker run
-    python -m sparkinfra lanes import RECIPE.yaml        # an eugr/spark-vllm-docker recipe -> lane YAML
+    python -m sparkinfra lanes import FILE|URL           # an eugr, sparkrun or spark-pulse recipe -> lanes
+    python -m sparkinfra lanes export LANE --format eugr # a lane as a recipe to share (eugr|sparkrun)
     python -m sparkinfra status inventory/pair.py        # what it serves, per node
     python -m sparkinfra logs inventory/pair.py --follow # every rank's lane journal, merged
     python -m sparkinfra chat inventory/pair.py "Hello"  # one chat completion

@@ -17,6 +17,11 @@ from pyinfra_cli.inventory import make_inventory_from_files
 from sparkinfra.run import checked_settings, load_files
 from sparkinfra.settings import Cluster
 
+# The revisions the lane tests' clusters pin (conftest's cluster_of).
+MODEL_REVISION = "9f2c4e6a8b0d1f3e5a7c9e1b3d5f7a9c1e3b5d7f"
+DRAFTER_REVISION = "1a2b3c4d5e6f708192a3b4c5d6e7f80912a3b4c5"
+SIM_REVISION = "3b1d6a41c4e0d2f5a7b9c1e3f5a7b9d1c3e5f7a9"
+
 # The seeds' pair: head bluey (rank 0), worker reddie (rank 1), cabled directly.
 PAIR_HOSTS = [
     ("bluey", {"ssh_hostname": "bluey.local", "ssh_user": "nvidia", "rank": 0, "fabric_ip": "192.168.192.1"}),

@@ -28,7 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
-from spark_cluster import load_cluster
+
+from golden_files import golden
+from spark_cluster import DRAFTER_REVISION, MODEL_REVISION, SIM_REVISION
 
 from sparkinfra import lanes
 from sparkinfra.lanes import (
@@ -64,17 +66,8 @@ SHIPPED = sorted(p.stem for p in LANES_DIR.glob("*.yaml"))
 BAD_FILES = sorted(BAD.glob("*.yaml"))
 EUGR_CLEAN = ["minimax-m2.7-nvfp4", "minimax-m3-kvarn-eagle3"]
 
-MODEL_REVISION = "9f2c4e6a8b0d1f3e5a7c9e1b3d5f7a9c1e3b5d7f"
-DRAFTER_REVISION = "1a2b3c4d5e6f708192a3b4c5d6e7f80912a3b4c5"
-SIM_REVISION = "3b1d6a41c4e0d2f5a7b9c1e3f5a7b9d1c3e5f7a9"
 
 
-def golden(path: Path, text: str) -> None:
-    if os.environ.get("SPARKINFRA_REGOLD"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert path.is_file(), f"no golden file {path} (SPARKINFRA_REGOLD=1 writes it)"
-    assert text == path.read_text(encoding="utf-8"), f"render differs from {path}"
 
 
 def directives(path: Path) -> dict[str, str]:
@@ -89,36 +82,6 @@ def directives(path: Path) -> dict[str, str]:
 
 # Clusters and the tiny model
 # ---------------------------
-
-
-@pytest.fixture(scope="session")
-def cluster_of(tmp_path_factory):
-    """A cluster (built as a run builds it) for a lane: its size, its model and drafter staged."""
-    root = tmp_path_factory.mktemp("lane-clusters")
-    made = {}
-
-    def make(lane: Lane, nodes: int | None = None):
-        count = nodes or lane.nodes
-        sim = lane.model.startswith("sparkbed/")
-        key = (count, sim, lane.model if not sim else "", lane.drafter or "")
-        if key not in made:
-            name = "sim" if sim else {2: "pair", 4: "quad", 8: "oct"}.get(count, f"c{count}")
-            subnet = "10.213.1" if sim else "192.168.192"
-            hosts = None if (name == "pair") else [
-                (f"spark-{i + 1}", {"rank": i, "fabric_ip": f"{subnet}.{i + 1}"}) for i in range(count)
-            ]
-            group = {
-                "cluster": name,
-                "fabric_subnet": f"{subnet}.0/24",
-                "model": "sparkbed/tiny-llama" if sim else lane.model,
-                "model_revision": SIM_REVISION if sim else MODEL_REVISION,
-                "drafter": lane.drafter or "",
-                "drafter_revision": DRAFTER_REVISION,
-            }
-            made[key] = load_cluster(root, group, hosts, name)
-        return made[key]
-
-    return make
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +147,7 @@ def vllm_results(cluster_of, vllm_env, vllm_cache) -> dict[str, dict]:
         lane = find_lane(name)
         jobs[f"lanes/{name}.yaml"] = vllm_request(lane, cluster_of(lane), engine=name.startswith("sim"))
     for stem in EUGR_CLEAN:
-        lane = import_eugr(EUGR / f"{stem}.yaml")
+        lane = import_eugr(EUGR / f"{stem}.yaml").model_copy(update={"image": None})  # its image recipe: not here
         jobs[f"eugr/{stem}.yaml"] = vllm_request(lane, cluster_of(lane))
     for path in BAD_FILES:
         try:
@@ -538,7 +501,7 @@ def test_recipes_and_eugr_imports_share_the_reader(tmp_path):
     refused = _refusal(tmp_path, RECIPE + "defaults: {x: " + "[" * 40 + "]" * 40 + "}\n", import_eugr)
     assert "tiny.yaml, line 11: nested deeper than 32 levels" in refused, refused
     refused = _refusal(tmp_path, "[]\n", import_eugr)
-    assert "tiny.yaml, line 1: an eugr recipe holds one mapping" in refused, refused
+    assert "tiny.yaml, line 1: a recipe holds one mapping" in refused, refused
 
 
 BOUNDED = """
@@ -807,14 +770,22 @@ def test_eugr_cli(tmp_path):
     header, _, body = ok.stdout.partition("\n")
     assert header.startswith("# Imported from ") and header.endswith("save as lanes/minimax-m2.7-nvfp4.yaml")
     assert body == (GOLDEN / "eugr" / "minimax-m2.7-nvfp4.yaml").read_text(encoding="utf-8")
+    own = tmp_path / "own-token.yaml"  # the token in another variable: the site's hf_token_env names it
+    own.write_text((EUGR / "minimax-m3-b12x-mods.yaml").read_text().replace("$HF_TOKEN", "$MY_HF_TOKEN"))
+    mapped = subprocess.run(
+        [sys.executable, "-m", "sparkinfra", "lanes", "import", str(own)],
+        capture_output=True, text=True, cwd=REPO, env=env,
+    )
+    assert mapped.returncode == 0 and "#   --data hf_token_env=MY_HF_TOKEN" in mapped.stderr, mapped.stderr
+    assert "MY_HF_TOKEN" not in mapped.stdout and "HF_TOKEN" not in yaml.safe_load(mapped.stdout).get("env", {})
     bad = tmp_path / "secret.yaml"
-    bad.write_text((EUGR / "minimax-m3-b12x-mods.yaml").read_text().replace("$HF_TOKEN", "$MY_SECRET"))
+    bad.write_text((EUGR / "minimax-m3-b12x-mods.yaml").read_text().replace("HF_TOKEN: $HF_TOKEN", "OTHER: $MY_SECRET"))
     refused = subprocess.run(
         [sys.executable, "-m", "sparkinfra", "lanes", "import", str(bad)],
         capture_output=True, text=True, cwd=REPO, env=env,
     )
     assert refused.returncode == 1 and refused.stdout == ""
-    assert "line 19, key 'env.HF_TOKEN': '$MY_SECRET' expands" in refused.stderr, refused.stderr
+    assert "line 19, key 'env.OTHER': '$MY_SECRET' expands" in refused.stderr, refused.stderr
     assert yaml.safe_load(body)["name"] == "minimax-m2.7-nvfp4"
 
 

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo b12x-kernels
