@@ -8,6 +8,7 @@ pyinfra and the project's CLI run in the bed's management namespace.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
+from sparkinfra.node import paths  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -66,3 +68,11 @@ def serving(inventory: str = "inventory/sim.py") -> None:
 def containers_run(node: str = "spark-2") -> bool:
     """Whether a container runs on ``node`` (on the bed: a lane's, which holds its image's layers)."""
     return bool(bed.node_exec(node, "docker", "ps", "-q", check=False).stdout.strip())
+
+
+def recorded_start(lane: str) -> float | None:
+    """Seconds the head recorded for ``lane``'s last start to get ready (its restart history's last
+    ``ready``, start to /health): what a quick mode compares with instead of starting the lane again."""
+    listed = bed.node_exec("spark-1", "cat", paths.history_path(lane), check=False).stdout.splitlines()
+    ready = [json.loads(line) for line in listed if '"ready"' in line]
+    return float(ready[-1]["seconds"]) if ready and ready[-1].get("seconds") else None

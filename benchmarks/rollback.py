@@ -20,7 +20,6 @@ of this benchmark rejected the same plans.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sparkbed as bed  # noqa: E402
-from benchmarks.harness import bed_of, options, pyinfra, serving  # noqa: E402
+from benchmarks.harness import bed_of, options, pyinfra, recorded_start, serving  # noqa: E402
 from sparkinfra.node import paths  # noqa: E402
 
 INVENTORY = "inventory/sim.py"
@@ -51,19 +50,12 @@ def warm_start() -> float:
     return time.monotonic() - started
 
 
-def last_start() -> float | None:
-    """Seconds the head recorded for the serving lane's last start (its history's last ``ready``)."""
-    listed = bed.node_exec("spark-1", "cat", paths.history_path(LANE), check=False).stdout.splitlines()
-    ready = [json.loads(line) for line in listed if '"ready"' in line]
-    return float(ready[-1]["seconds"]) if ready and ready[-1].get("seconds") else None
-
-
 def main() -> int:
     quick = options(__doc__).quick
     changes = CHANGES[:1] if quick else CHANGES
     with bed_of(2):
         serving(INVENTORY)
-        recorded = last_start() if quick else None
+        recorded = recorded_start(LANE) if quick else None
         warm = recorded or warm_start()
         print(f"lane {LANE} on the simulated pair: a warm start {warm:.0f} s"
               + (" (the head's history: its last start)" if recorded else ""))

@@ -51,13 +51,15 @@ class PreflightProbe(FactBase):
 
     @override
     def process(self, output):
-        probe: dict = {"ports": [], "hcas": [], "gens": {}, "widths": {}}
+        probe: dict = {"ports": [], "hcas": [], "gens": {}, "widths": {}, "addrs": []}
         for line in output:
             key, _, value = line.partition("=")
             if key == "port":
                 probe["ports"].append(value)
             elif key == "hca":
                 probe["hcas"].append(value)
+            elif key == "addr":
+                probe["addrs"].append(value.strip())
             elif key == "gen":
                 netdev, _, mode = value.strip().partition(" ")
                 probe["gens"][netdev] = mode

@@ -26,7 +26,8 @@ The facts of a ``node`` rule are read on each node by preflight's probe, before 
     kernel's CMA area, /proc/meminfo's CmaTotal; None when the kernel shows none), narrow_links (the
     port's RDMA devices whose PCIe link trained narrower than it can: "roceP2p1s0f0 x2 of x4"),
     hca_missing (the port's RDMA devices that NCCL_IB_HCA, as the node's ranks get it, leaves out),
-    ib_hca (that value), slowest_start (the head: the slowest of the lane's last ten starts to get
+    ib_hca (that value), fabric_overlaps (the node's other IPv4 networks that overlap the fabric
+    subnet: "eno1 192.168.0.10/16"), fabric_subnet, slowest_start (the head: the slowest of the lane's last ten starts to get
     ready, in s, from its restart history; None before one), lane_ready_timeout, start_margin_pct
     (how much of lane_ready_timeout that start left, in %)
 
@@ -36,6 +37,7 @@ The facts of a ``node`` rule are read on each node by preflight's probe, before 
 from __future__ import annotations
 
 import functools
+from ipaddress import ip_interface
 from pathlib import Path
 from typing import Literal
 
@@ -180,6 +182,15 @@ def node_facts(port: roce.Port, probe: dict, cluster: Cluster, lane: Lane | None
     excluded = ib_hca.startswith("^")
     missing = [d for d in port.devices if ib_hca and (d in named) == excluded]
     cma = probe.get("cma", "")
+    overlaps = []
+    for line in probe.get("addrs", []):
+        netdev, _, cidr = line.partition(" ")
+        try:
+            network = ip_interface(cidr).network
+        except ValueError:
+            continue
+        if netdev not in (*port.netdevs, "lo") and network.overlaps(cluster.fabric.subnet):
+            overlaps.append(f"{netdev} {cidr}")
     starts = [float(x) for x in probe.get("starts", "").split() if x.replace(".", "", 1).isdigit()]
     timeout = cluster.config.lane_ready_timeout
     slowest = max(starts) if starts else None
@@ -192,6 +203,7 @@ def node_facts(port: roce.Port, probe: dict, cluster: Cluster, lane: Lane | None
         "narrow_links": ", ".join(narrow),
         "ib_hca": ib_hca,
         "hca_missing": ", ".join(missing),
+        "fabric_overlaps": ", ".join(overlaps), "fabric_subnet": str(cluster.fabric.subnet),
     }
 
 

@@ -16,6 +16,7 @@
 #   (PROGRAMS) are placed, platform=the JSON of their platform_facts over KNOWN_GOOD (what changed
 #   beneath the lanes since the newest known good set), and starts=the seconds each of the lane's
 #   last starts took to get ready, from its restart history HISTORY (the head's; - for none).
+#   One addr=NETDEV CIDR line per IPv4 address of the node (what the fabric subnet must not overlap).
 dir=$1 iface=$2 programs=$3 known=$4 history=$5
 shift 5
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -55,6 +56,7 @@ for d in /sys/class/infiniband/*; do
   [ -n "$n" ] && [ "$n" != "$iface" ] && gen "$n"
   echo "width=${d##*/} $(cat "$d/device/current_link_width" 2>/dev/null || echo -) $(cat "$d/device/max_link_width" 2>/dev/null || echo -)"
 done
+ip -o -4 addr show 2>/dev/null | awk '{print "addr=" $2 " " $4}'
 echo "kernel=$(uname -r)"
 echo "cma=$(awk '$1 == "CmaTotal:" {print $2}' /proc/meminfo)"
 if [ "$history" != - ] && [ -r "$history" ]; then

@@ -101,6 +101,11 @@ NODE_RULES = {
         "echo 4 > /sys/class/infiniband/roceP2p1s0f0/device/current_link_width", (),
         "warn", "roceP2p1s0f0 x2 of x4",
     ),
+    "fabric-subnet-overlaps-management": (  # a network of the node that holds the fabric's (inside its netns)
+        "spark-1", "ip link add sparkbed-wide type dummy && ip addr add 10.213.200.1/16 dev sparkbed-wide",
+        "ip link del sparkbed-wide", (),
+        "refuse", "sparkbed-wide 10.213.200.1/16 overlaps fabric_subnet 10.213.1.0/24",
+    ),
     "twin-missing-from-nccl-ib-hca": (
         "spark-2", None, None, ('nccl_env_overrides={"NCCL_IB_HCA": "rocep1s0f0"}',),
         "warn", "NCCL_IB_HCA rocep1s0f0 leaves out roceP2p1s0f0",

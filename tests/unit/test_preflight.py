@@ -93,7 +93,7 @@ def test_probe_process():
         "link": LINK_UP,
         "hcas": list(GB10_HCAS),
         "ports": ["8000 pid=4242 comm=python3 container=", "29501 pid=5151 comm=python3 container=vllm_node"],
-        "gens": {}, "widths": {},
+        "gens": {}, "widths": {}, "addrs": [],
     }
 
 
@@ -101,7 +101,7 @@ def test_probe_process_empty_values():
     # No model folder yet (du prints nothing), no interface (ip prints nothing), no listeners.
     assert PreflightProbe().process(["gpu=!missing", "docker=!missing", "free=1000", "used=", "link="]) == {
         "gpu": "!missing", "docker": "!missing", "free": "1000", "used": "", "link": "", "ports": [], "hcas": [],
-        "gens": {}, "widths": {},
+        "gens": {}, "widths": {}, "addrs": [],
     }
 
 

@@ -39,6 +39,10 @@ TRIPS = {
         {"engine_ready_timeout": 600, "lane_ready_timeout": 1800},
         [{"engine_ready_timeout": 1800}, {"lane_ready_timeout": 600}],
     ),
+    "fabric-subnet-overlaps-management": (
+        {"fabric_overlaps": "eno1 192.168.0.10/16", "fabric_subnet": "192.168.192.0/24"},
+        [{"fabric_overlaps": ""}],
+    ),
     "image-nccl-conf-applies": (
         {"nccl_conf_applies": "NCCL_SOCKET_IFNAME=eth0 (/etc/nccl.conf)"},
         [{"nccl_conf_applies": ""}],
@@ -238,3 +242,28 @@ def test_the_slowest_of_the_lanes_recorded_starts_is_held_against_the_bound_on_a
     assert (facts["slowest_start"], facts["lane_ready_timeout"]) == (1650, pair.config.lane_ready_timeout)
     assert facts["start_margin_pct"] == round(100 * (pair.config.lane_ready_timeout - 1650.5) / pair.config.lane_ready_timeout)
     assert rules.node_facts(PORT, {}, pair)["start_margin_pct"] is None  # no start yet: nothing to judge
+
+
+# ``ip -o -4 addr show`` as iproute2 prints it (a node on a 192.168.0.0/16 LAN, its fabric port up,
+# the twin's link-local address, Docker's bridge): the probe's awk keeps the netdev and the CIDR.
+IP_ADDR = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+2: eno1    inet 192.168.3.17/16 brd 192.168.255.255 scope global dynamic eno1\\       valid_lft 86032sec preferred_lft 86032sec
+3: enp1s0f0np0    inet 192.168.192.1/24 brd 192.168.192.255 scope global enp1s0f0np0\\       valid_lft forever preferred_lft forever
+5: enP2p1s0f0np0    inet 169.254.192.1/16 brd 169.254.255.255 scope link enP2p1s0f0np0\\       valid_lft forever preferred_lft forever
+7: docker0    inet 172.17.0.1/16 brd 172.17.255.255 scope global docker0\\       valid_lft forever preferred_lft forever
+"""
+
+
+def test_a_fabric_subnet_inside_another_network_of_the_node_is_refused_by_name(tmp_path, pair):
+    probe = (Path(__file__).resolve().parents[2] / "sparkinfra/scripts/preflight_probe.sh").read_text()
+    program = re.search(r"ip -o -4 addr show 2>/dev/null \| awk '([^']*)'", probe)[1]
+    (tmp_path / "ip").write_text(IP_ADDR)
+    lines = subprocess.run(["awk", program, str(tmp_path / "ip")], capture_output=True, text=True, check=True).stdout
+    assert lines.splitlines()[:2] == ["addr=lo 127.0.0.1/8", "addr=eno1 192.168.3.17/16"]
+    addrs = [line.split("=", 1)[1] for line in lines.splitlines()]
+    facts = rules.node_facts(PORT, {"addrs": addrs}, pair)
+    assert facts["fabric_overlaps"] == "eno1 192.168.3.17/16" and facts["fabric_subnet"] == "192.168.192.0/24"
+    (rule, said), = rules.node_tripped(facts)
+    assert rule.severity == "refuse" and "eno1 192.168.3.17/16 overlaps fabric_subnet 192.168.192.0/24" in said
+    apart = [a.replace("192.168.3.17/16", "10.1.3.17/16") for a in addrs]
+    assert rules.node_facts(PORT, {"addrs": apart}, pair)["fabric_overlaps"] == ""
