@@ -102,7 +102,8 @@ NODE_RULES = {
         "warn", "roceP2p1s0f0 x2 of x4",
     ),
     "fabric-subnet-overlaps-management": (  # a network of the node that holds the fabric's (inside its netns)
-        "spark-1", "ip link add sparkbed-wide type dummy && ip addr add 10.213.200.1/16 dev sparkbed-wide",
+        "spark-1", "ip link add sparkbed-wide type veth peer name sparkbed-wide1 && "
+                   "ip addr add 10.213.200.1/16 dev sparkbed-wide",
         "ip link del sparkbed-wide", (),
         "refuse", "sparkbed-wide 10.213.200.1/16 overlaps fabric_subnet 10.213.1.0/24",
     ),

@@ -248,8 +248,8 @@ def test_the_slowest_of_the_lanes_recorded_starts_is_held_against_the_bound_on_a
 # the twin's link-local address, Docker's bridge): the probe's awk keeps the netdev and the CIDR.
 IP_ADDR = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
 2: eno1    inet 192.168.3.17/16 brd 192.168.255.255 scope global dynamic eno1\\       valid_lft 86032sec preferred_lft 86032sec
-3: enp1s0f0np0    inet 192.168.192.1/24 brd 192.168.192.255 scope global enp1s0f0np0\\       valid_lft forever preferred_lft forever
-5: enP2p1s0f0np0    inet 169.254.192.1/16 brd 169.254.255.255 scope link enP2p1s0f0np0\\       valid_lft forever preferred_lft forever
+3: enp1s0f0np0    inet 192.168.192.1/24 brd 192.168.192.255 scope global enp1s0f0np0\\       valid_lft forever
+5: enP2p1s0f0np0    inet 169.254.192.1/16 brd 169.254.255.255 scope link enP2p1s0f0np0\\       valid_lft forever
 7: docker0    inet 172.17.0.1/16 brd 172.17.255.255 scope global docker0\\       valid_lft forever preferred_lft forever
 """
 
