@@ -7,6 +7,7 @@ in kB is /etc/sparkbed/cma-kib: a fault writes 0, the kernel 7.0.0-1019 the fiel
 ``ibv_reg_mr`` fails with ENOMEM.
 """
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,8 +19,6 @@ READY = Path("/run/sparkbed/meminfo_ready")
 
 
 def mount(*args):
-    import subprocess
-
     subprocess.run(["mount", *args], check=True)
 
 

@@ -27,9 +27,9 @@ The facts of a ``node`` rule are read on each node by preflight's probe, before 
     port's RDMA devices whose PCIe link trained narrower than it can: "roceP2p1s0f0 x2 of x4"),
     hca_missing (the port's RDMA devices that NCCL_IB_HCA, as the node's ranks get it, leaves out),
     ib_hca (that value), fabric_overlaps (the node's other IPv4 networks that overlap the fabric
-    subnet: "eno1 192.168.0.10/16"), fabric_subnet, slowest_start (the head: the slowest of the lane's last ten starts to get
-    ready, in s, from its restart history; None before one), lane_ready_timeout, start_margin_pct
-    (how much of lane_ready_timeout that start left, in %)
+    subnet: "eno1 192.168.0.10/16"), fabric_subnet, slowest_start (the head: the slowest of the
+    lane's last ten starts to get ready, in s, from its restart history; None before one),
+    lane_ready_timeout, start_margin_pct (how much of lane_ready_timeout that start left, in %)
 
     python -m sparkinfra.rules            # every rule: what it checks, its remedy, its source
 """
@@ -170,41 +170,65 @@ def node_facts(port: roce.Port, probe: dict, cluster: Cluster, lane: Lane | None
 
     + port: the node's fabric port (its interface, its twin, the HCAs NCCL uses)
     + probe: ``gens`` (each netdev's IPv6 addr_gen_mode, ``-``: not readable), ``widths`` (each RDMA
-      device's current and max PCIe link width), ``kernel``, ``cma`` (kB, "" when none)
+      device's current and max PCIe link width), ``kernel``, ``cma`` (kB, "" when none), ``addrs``
+      ("NETDEV CIDR" each), ``starts`` (the head: its lane's last starts' seconds)
     + cluster, lane: the NCCL environment the node's ranks get (the lane's changes over the site's)
     """
-    gens, widths = probe.get("gens", {}), probe.get("widths", {})
-    narrow = [f"{d} x{widths[d][0]} of x{widths[d][1]}" for d in port.devices
-              if len(widths.get(d, ())) == 2 and all(w.isdigit() for w in widths[d]) and int(widths[d][0]) < int(widths[d][1])]
+    gens, cma = probe.get("gens", {}), probe.get("cma", "")
     overrides = {**cluster.config.nccl_env_overrides, **(lane.nccl_env if lane else {})}
     ib_hca = nccl_env({}, overrides, list(cluster.fabric.rdma_devices) or port.devices, "").get("NCCL_IB_HCA", "")
+    return {
+        "addr_gen_not_eui64": ", ".join(f"{n} {gens[n]}" for n in port.netdevs if gens.get(n, "-") not in ("0", "-")),
+        "kernel": probe.get("kernel") or None,
+        "cma_total_kib": int(cma) if cma.isdigit() else None,
+        "narrow_links": ", ".join(_narrow(port, probe.get("widths", {}))),
+        "ib_hca": ib_hca,
+        "hca_missing": ", ".join(_left_out(port, ib_hca)),
+        "fabric_overlaps": ", ".join(_overlapping(port, probe.get("addrs", []), cluster)),
+        "fabric_subnet": str(cluster.fabric.subnet),
+        **_start_margin(probe.get("starts", ""), cluster.config.lane_ready_timeout),
+    }
+
+
+def _narrow(port: roce.Port, widths: dict[str, tuple[str, ...]]) -> list[str]:
+    """The port's RDMA devices whose PCIe link trained narrower than its max: "DEV xCUR of xMAX"."""
+    found = []
+    for device in port.devices:
+        width = widths.get(device, ())
+        if len(width) == 2 and all(w.isdigit() for w in width) and int(width[0]) < int(width[1]):
+            found.append(f"{device} x{width[0]} of x{width[1]}")
+    return found
+
+
+def _left_out(port: roce.Port, ib_hca: str) -> list[str]:
+    """The port's RDMA devices ``NCCL_IB_HCA`` leaves out (its ``^`` excludes, ``=`` exact, ``:port``
+    suffixes; unset or empty: NCCL takes every device)."""
     named = {item.split(":")[0] for item in ib_hca.lstrip("^=").split(",") if item}
     excluded = ib_hca.startswith("^")
-    missing = [d for d in port.devices if ib_hca and (d in named) == excluded]
-    cma = probe.get("cma", "")
-    overlaps = []
-    for line in probe.get("addrs", []):
+    return [d for d in port.devices if ib_hca and (d in named) == excluded]
+
+
+def _overlapping(port: roce.Port, addrs: list[str], cluster: Cluster) -> list[str]:
+    """The node's addresses on other netdevs whose network overlaps the fabric subnet."""
+    found = []
+    for line in addrs:
         netdev, _, cidr = line.partition(" ")
         try:
             network = ip_interface(cidr).network
         except ValueError:
             continue
         if netdev not in (*port.netdevs, "lo") and network.overlaps(cluster.fabric.subnet):
-            overlaps.append(f"{netdev} {cidr}")
-    starts = [float(x) for x in probe.get("starts", "").split() if x.replace(".", "", 1).isdigit()]
-    timeout = cluster.config.lane_ready_timeout
-    slowest = max(starts) if starts else None
-    return {
-        "slowest_start": None if slowest is None else round(slowest), "lane_ready_timeout": timeout,
-        "start_margin_pct": None if slowest is None else round(100 * (timeout - slowest) / timeout),
-        "addr_gen_not_eui64": ", ".join(f"{n} {gens[n]}" for n in port.netdevs if gens.get(n, "-") not in ("0", "-")),
-        "kernel": probe.get("kernel") or None,
-        "cma_total_kib": int(cma) if cma.isdigit() else None,
-        "narrow_links": ", ".join(narrow),
-        "ib_hca": ib_hca,
-        "hca_missing": ", ".join(missing),
-        "fabric_overlaps": ", ".join(overlaps), "fabric_subnet": str(cluster.fabric.subnet),
-    }
+            found.append(f"{netdev} {cidr}")
+    return found
+
+
+def _start_margin(starts: str, timeout: int) -> dict:
+    """``slowest_start`` (s) of the recorded ``starts``, ``lane_ready_timeout`` and how much of it that
+    start left (``start_margin_pct``); None where no start was recorded."""
+    seconds = [float(x) for x in starts.split() if x.replace(".", "", 1).isdigit()]
+    slowest = max(seconds) if seconds else None
+    return {"slowest_start": None if slowest is None else round(slowest), "lane_ready_timeout": timeout,
+            "start_margin_pct": None if slowest is None else round(100 * (timeout - slowest) / timeout)}
 
 
 def node_tripped(facts: dict, rules: list[Rule] | None = None) -> list[tuple[Rule, str]]:
