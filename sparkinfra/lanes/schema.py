@@ -62,6 +62,14 @@ RESERVED = {
     "port": "`api_port` (lane, else cluster setting)",
     "headless": "sparkinfra (every rank above 0)",
     "speculative_config": "the lane's `speculative` (its model from `drafter`)",
+    "api_key": "the site's API key (`api_key_env`, else the one its first converge generates), never on a "
+               "command line",
+}
+# A lane is a plain file people commit and share as a recipe: a secret never is in one.
+SECRET_ENV = {
+    "VLLM_API_KEY": "the site's API key (`api_key_env`, else the one its first converge generates)",
+    "HF_TOKEN": "the site's `hf_token_env` (the head's download reads it; serving runs offline)",
+    "HUGGING_FACE_HUB_TOKEN": "the site's `hf_token_env` (the head's download reads it; serving runs offline)",
 }
 
 
@@ -293,6 +301,9 @@ class Lane(BaseModel):
         for key, value in self.env.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise _rule("not an environment variable name", "env", key)
+            if key in SECRET_ENV:
+                raise _rule(f"a secret in a lane (a plain file, shared as a recipe): it comes from {SECRET_ENV[key]}; "
+                            "remove it", "env", key)
             if "$" in value:
                 raise _rule("values are passed as they are (no shell expansion): remove the '$'", "env", key)
             for name in PLACEHOLDER_RE.findall(value):
