@@ -1,10 +1,11 @@
 """
 Stop serving: every lane's units stopped (and not started at boot) on every node, their containers
 removed, and what each lane left (units, plans, env files, the head's API-key file, validation marks,
-mods, runtime marks), and the head's staging daemon if a dead controller left one. Images, weights,
-the runner, the fabric and NCCL setup stay: a converge serves again, moving nothing. The head's
-restart history of each lane stays too (``status`` tells when and why the lane last stopped); a
-lane switch or a full teardown removes it.
+mods, runtime marks, the firewall table that kept its ports to the fabric with its file and unit),
+and the head's staging daemon if a dead controller left one. Images, weights, the runner, the fabric
+and NCCL setup stay: a converge serves again, moving nothing. The head's restart history of each
+lane stays too (``status`` tells when and why the lane last stopped); a lane switch or a full
+teardown removes it.
 
     pyinfra inventory/pair.py deploys/teardown.py
 
@@ -26,6 +27,7 @@ from sparkinfra import run
 from sparkinfra.node import paths
 from sparkinfra.operations.fabric import fabric_address, fabric_persisted
 from sparkinfra.operations.files import file_content, text_block
+from sparkinfra.operations.firewall import fabric_only_ports
 from sparkinfra.operations.gpu import gpu_clocks_locked
 from sparkinfra.operations.lane import (
     container_absent,
@@ -59,6 +61,10 @@ lane_files = other_lanes_absent(
     keep_history=True,
 )
 systemd.daemon_reload(name="systemd has forgotten the lanes' units", _if=lane_files.did_change)
+fabric_only_ports(  # no lane runs: no port of one to keep
+    name="No firewall table, file or unit of sparkinfra's is on this node",
+    present=False,
+)
 snapshot_served(  # a staging daemon a controller that died mid-transfer left
     name=f"The head serves nothing from {config.model_dir}",
     repo_dir=config.model_dir,

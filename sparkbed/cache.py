@@ -24,7 +24,7 @@ BASE = CACHE / "base"
 # git: a repository recipe's build checks its build repository out on the head.
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,procps,rsync,python3,"
-    "sudo,kmod,ca-certificates,docker.io,libnuma1,git"
+    "sudo,kmod,ca-certificates,docker.io,libnuma1,git,nftables"
 )
 _BASE_READY = ".sparkbed-ready"  # its first line the time, then base_key(): another key rebuilds the base
 

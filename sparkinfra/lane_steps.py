@@ -30,7 +30,9 @@ from .cluster_lane import ClusterLane, cluster_lane
 from .facts.lane import LaneRejected
 from .facts.reading import unproxied
 from .node.paths import PROGRAMS
+from .lanes.ports import firewalled, left_open
 from .operations.files import file_content, render, secret_env_file
+from .operations.firewall import fabric_only_ports
 from .operations.lane import (
     lane_known_good,
     lane_running,
@@ -72,6 +74,8 @@ def placed(here: Here, to_serve: bool = True) -> serving.RankPlan | None:
             if to_serve:
                 refuse_rejected(on)
         mine = on.plan(host.name)
+    _ports_to_fabric(here, on)
+    if on:
         _files(here, on, mine)
     _no_other_lane(here, here.cluster.config.lane)
     return mine
@@ -124,6 +128,20 @@ def _no_other_lane(here: Here, lane: str) -> None:
     systemd.daemon_reload(
         name="systemd has forgotten the other lanes' units",
         _if=any_changed(stopped, removed),
+    )
+
+
+@deploy("The cluster's ports")
+def _ports_to_fabric(here: Here, on: ClusterLane | None) -> None:
+    subnet = str(here.cluster.fabric.subnet)
+    if not (on and here.cluster.config.firewall):
+        fabric_only_ports(name="No firewall table of sparkinfra's is on this node", present=False)
+        return
+    fabric_only_ports(
+        name=f"Lane {on.lane.name}'s ports on this node answer the fabric subnet {subnet} only (SSH and the API: anyone)",
+        ports=firewalled(on.lane, on.cluster),
+        subnet=subnet,
+        open_ports=left_open(on.api_port, host.data.get("ssh_port")),
     )
 
 

@@ -21,6 +21,7 @@ from ..settings import Cluster
 from ..lanes.checks import check_lane
 from ..lanes.images import lane_image, load_recipe, network_refs
 from ..lanes.mods import ModsNotFetched, lane_mods
+from ..lanes.ports import EPHEMERAL, opened
 from ..lanes.schema import Lane, LaneError
 
 # A variable whose name says it holds a credential is shown masked.
@@ -119,6 +120,7 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
         role = f"serves the API on :{plan.api_port}" if plan.is_head else f"headless, joins {plan.head_ip}"
         out += ["", f"rank {plan.rank} on {node.name} (fabric {node.fabric_ip}, {role}), unit {paths.unit_name(lane.name)}"]
         out += ["  " + line for line in twin_lines(cluster, node.fabric_ip)]
+        out += port_lines(lane, cluster, plan.rank)
         out += ["  " + line for line in docker_lines(plan)]
         if plan.nccl_pin:
             copies = shlex.join(paths.program("lane_ctl", "copies", paths.plan_path(lane.name)))
@@ -130,6 +132,15 @@ def show(lane: Lane, cluster: Cluster, problems: list[str] | None = None, locked
             out += [f"  {plan.api_key_file} (root only, mounted at {paths.CONTAINER_API_KEY}):",
                     f"      VLLM_API_KEY=<${config.api_key_env} of the controller: not shown>"]
     return "\n".join(out) + "\n"
+
+
+def port_lines(lane: Lane, cluster: Cluster, rank: int) -> list[str]:
+    """Every port the rank's lane opens on its node (new TCP connections), its process, from where."""
+    lines = ["  ports it opens, and from where a new connection may come (SSH: from anywhere, never matched):"]
+    for port in opened(lane, cluster, rank):
+        ports = "the ephemeral range (ip_local_port_range)" if port.ports == EPHEMERAL else port.ports
+        lines.append(f"    {ports}: {port.process}; from {port.reach}")
+    return lines
 
 
 def nccl_lines(plan: serving.RankPlan, nccl: dict[str, str]) -> list[str]:

@@ -15,6 +15,7 @@ import yaml
 from ..settings import Cluster, serve_settings
 from .checks import effective_ports
 from .images import lane_image
+from .ports import RAY_WORKER_PORTS
 from .schema import PLACEHOLDER_RE, Lane, LaneError, lane_source
 
 
@@ -108,11 +109,13 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     image = lane_image(lane, config.image, dict(cluster.pins)).ref
 
     store = f"--object-store-memory={int(lane.ray_object_store_gb * 2**30)}"
+    # Ray's workers listen on every address: on the range the firewall names (lanes.ports).
+    workers = [f"--min-worker-port={RAY_WORKER_PORTS[0]}", f"--max-worker-port={RAY_WORKER_PORTS[1]}"]
     if lane.launch == "ray" and rank > 0:
         # The runner starts workers before the head: each waits for the head's GCS port, then joins.
         join = shlex.join([
             "ray", "start", "--block", f"--address={head}:{lane.ray_port}",
-            f"--node-ip-address={node.fabric_ip}", store, "--disable-usage-stats",
+            f"--node-ip-address={node.fabric_ip}", store, *workers, "--disable-usage-stats",
         ])
         wait = f"until (: > /dev/tcp/{head}/{lane.ray_port}) 2>/dev/null; do sleep 1; done"
         command = ["bash", "-c", f"{wait}; exec {join}"]
@@ -145,7 +148,7 @@ def launch(lane: Lane, cluster: Cluster, rank: int, gmu: float | None = None) ->
     command = [*lane.container.entrypoint, *args]
     if lane.launch == "ray":
         start = shlex.join([
-            "ray", "start", "--head", f"--port={lane.ray_port}", f"--node-ip-address={head}", store,
+            "ray", "start", "--head", f"--port={lane.ray_port}", f"--node-ip-address={head}", store, *workers,
             "--include-dashboard=false", "--disable-usage-stats",
         ])
         command = ["bash", "-c", f"{start} && exec {shlex.join(command)}"]

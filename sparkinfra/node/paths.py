@@ -69,6 +69,10 @@ CONVERGE_HOLDER = f"{RUN}/converge.holder"
 FABRIC_NETPLAN = "/etc/netplan/60-sparkinfra-fabric.yaml"  # where netplan is installed (DGX OS)
 FABRIC_UNIT = "sparkinfra-fabric.service"  # elsewhere
 GPU_CLOCKS_UNIT = "sparkinfra-gpu-clocks.service"
+# The cluster's ports on the fabric only (the lane's steps): nftables' table of our own, its file, its unit
+FIREWALL_TABLE = "inet sparkinfra"
+FIREWALL_FILE = f"{ETC}/firewall.nft"
+FIREWALL_UNIT = "sparkinfra-firewall.service"
 MESH_KEY = "/root/.ssh/sparkinfra_fabric"
 MESH_KNOWN_HOSTS = "/root/.ssh/sparkinfra_known_hosts"
 MESH_CONFIG = "/root/.ssh/config"  # the head's entries sit in a marked block

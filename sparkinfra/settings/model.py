@@ -212,6 +212,13 @@ class HostSettings(BaseModel):
         False, description="Serve the API without any key (anyone who reaches the head's API port may use "
         "it); every converge says so in its last lines. Not with api_key_env.",
     )
+    firewall: bool = Field(
+        True, description="Keep the ports a lane opens for its ranks (torch's rendezvous, Ray's GCS, client "
+        "server and worker ports, the ephemeral range where vLLM, NCCL, gloo and Ray bind the rest) to the fabric "
+        "subnet: an nftables table of sparkinfra's own (`inet sparkinfra`, /etc/sparkinfra/firewall.nft, loaded "
+        "at boot by sparkinfra-firewall.service) refuses new TCP connections to them from anywhere else; SSH and "
+        "the API port are never matched, nor is any other table. false: none (the site keeps them off its LAN).",
+    )
     lane: LaneName = Field(
         "", description="Lane (recipe) to serve, a file lanes/<lane>.yaml; empty: none."
     )

@@ -84,6 +84,29 @@ def _verify_ok(bed, *args):
     assert result.returncode == 0, result.output[-4000:]
 
 
+# A TCP connect, from the controller's (management) namespace or from a node: "open", "refused"
+# (a reset: the firewall's answer, or no listener) or "silent" (no answer in 5 s).
+REACH = ("timeout 5 bash -c ': > /dev/tcp/{}/{}' 2>/tmp/reach.err && echo open || "
+         "{{ grep -q refused /tmp/reach.err && echo refused || echo silent; }}")
+
+
+def _reach(bed, where, address, port):
+    command = REACH.format(address, port)
+    if where == "controller":
+        return bed.controller("bash", "-c", command).stdout.strip()
+    return bed.node(where, command, check=False).stdout.strip()
+
+
+def _cluster_port_kept_to_the_fabric(bed, port):
+    """The head's ``port`` refuses the controller (the management side) and answers the worker over
+    the fabric; SSH and the API answer the controller."""
+    head, _ = simbed.sim_nodes(2)
+    assert _reach(bed, "controller", head.mgmt_ip, port) == "refused", f"{head.mgmt_ip}:{port} answers the LAN"
+    assert _reach(bed, "spark-2", head.fabric_ip, port) == "open", f"{head.fabric_ip}:{port} refuses the worker"
+    for open_port in (22, 8000):
+        assert _reach(bed, "controller", head.mgmt_ip, open_port) == "open", f"{head.mgmt_ip}:{open_port} refuses"
+
+
 def test_first_converge_serves_tp2_across_the_pair(serving):
     bed, first, seconds = serving
     head_ops = first.changed["spark-1"]
@@ -133,6 +156,7 @@ def test_first_converge_serves_tp2_across_the_pair(serving):
         assert bed.node(node, "stat -c %a /var/lib/sparkinfra/known-good").stdout.strip() == "700"
     logs = bed.node("spark-2", f"docker logs {CONTAINER} 2>&1").stdout
     assert "world_size=2 rank=1" in logs, logs[-2000:]
+    _cluster_port_kept_to_the_fabric(bed, 29501)  # torch's store (issue 43): the fabric's only
     stopped = r"page-cache dropper: stopped after \d+s and [1-9]\d* drops: the lane is ready"
     for node, health in (("spark-1", "127.0.0.1"), ("spark-2", "10.213.1.1")):  # seed 001's gotcha 9
         deadline = time.monotonic() + 20  # it looks every 5 s: its last look may follow the converge's
@@ -505,7 +529,8 @@ def test_switching_the_lane_setting_switches_lanes_on_every_node(serving):
     assert re.search(r"RayWorkerProc pid=\d+, ip=10\.213\.1\.2\).*world_size=2 rank=1", head_log), head_log[-3000:]
     for node in ("spark-1", "spark-2"):  # the lane's mod ran in both ranks' containers
         assert _mod_greeting(bed, node) == GREETING.read_text().strip()
-    result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")
+    _cluster_port_kept_to_the_fabric(bed, 6379)  # Ray's GCS (issue 43)
+    result = bed.verify(INV, "--data", "lane=sim-b", "-k", "lane")  # the live table is exactly the tool's
     assert result.returncode == 0, result.output[-4000:]
     for node in ("spark-1", "spark-2"):  # sim-b is known good #2; sim's #1 stays, to return to
         known = [json.loads(bed.node(node, f"cat /var/lib/sparkinfra/known-good/{n}/meta.json").stdout)["lane"]
@@ -657,9 +682,12 @@ def _pyinfra(*args):
 def test_dry_run_shows_diffs_and_restarts_and_touches_nothing(serving):
     bed, _, _ = serving
     before = _host_state(bed)
-    run = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=31"))
+    run = bed.controller(*_pyinfra("--dry", "--diff", INV, "deploys/serve.py", "--data", "lane_liveness_interval=31",
+                                   "--data", "master_port=29502"))
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
+    assert "Will modify /etc/sparkinfra/firewall.nft" in out, out[-3000:]  # the rule follows the port
+    assert re.search(r"\+\s+elements = \{ 29502, 32768-60999 \}", out), out[-3000:]
     assert "Will modify /etc/sparkinfra/lanes/sim.json" in out, out[-3000:]
     assert "(a root-only file: its lines are not shown)" in out  # the plan is 0600: it may name secrets' files
     assert '"liveness_interval": 31' not in out
@@ -820,6 +848,8 @@ def test_teardown_stops_every_lane_and_keeps_image_and_weights(serving):
         assert _container_id(bed, node) is None, f"{node}: {CONTAINER} is left"
         assert "sparkbed/stage" in bed.node(node, "docker images --format '{{.Repository}}'").stdout
         assert bed.node(node, "ls /var/lib/sparkinfra/known-good/*/meta.json").stdout.strip(), node  # kept
+        left = bed.node(node, "nft list table inet sparkinfra; ls /etc/sparkinfra/firewall.nft", check=False)
+        assert left.returncode != 0 and "sparkinfra" not in left.stdout, f"{node}: the firewall is left: {left.stdout}"
     again = bed.converge(INV, "deploys/teardown.py")
     assert again.changes == {"spark-1": 0, "spark-2": 0}, again.changed
     shown = _operator(bed, "status")
@@ -842,6 +872,8 @@ FULLY_GONE = (  # what a full teardown removes from every node
     "/usr/local/lib/sparkinfra/node",  # the node programs: the runner, the container check, the mod runner...
     "/var/lib/sparkinfra/mods",  # lane sim-b's
     "/etc/systemd/system/sparkinfra-gpu-clocks.service",
+    "/etc/systemd/system/sparkinfra-firewall.service",
+    "/etc/sparkinfra/firewall.nft",
     "/run/sparkbed/gpu-locked-clocks",  # the bed's stand-in: reset by the unit's stop
     "/run/sparkinfra/lanes",
     "/var/lib/sparkinfra/lanes",

@@ -232,7 +232,8 @@ def test_ray_ranks(cluster_of):
     assert head.command[:2] == ["bash", "-c"] and len(head.command) == 3
     start, _, serve = head.command[2].partition(" && exec ")
     store = f"--object-store-memory={2 * 2**30}"  # sized (Ray's default takes 30% of unified memory)
-    assert start == (f"ray start --head --port=6379 --node-ip-address=192.168.192.1 {store} "
+    workers = "--min-worker-port=10002 --max-worker-port=19999"  # the range the firewall names
+    assert start == (f"ray start --head --port=6379 --node-ip-address=192.168.192.1 {store} {workers} "
                      "--include-dashboard=false --disable-usage-stats")
     assert serve.split()[:3] == ["vllm", "serve", "cyankiwi/MiniMax-M3-AWQ-INT4"]
     assert head.serve_args[head.serve_args.index("--distributed-executor-backend") + 1] == "ray"
@@ -245,7 +246,7 @@ def test_ray_ranks(cluster_of):
         assert worker.command == ["bash", "-c", (
             "until (: > /dev/tcp/192.168.192.1/6379) 2>/dev/null; do sleep 1; done; "
             "exec ray start --block --address=192.168.192.1:6379 "
-            f"--node-ip-address=192.168.192.{rank + 1} {store} --disable-usage-stats")]
+            f"--node-ip-address=192.168.192.{rank + 1} {store} {workers} --disable-usage-stats")]
 
 
 def test_a_ray_worker_waits_for_the_heads_port(cluster_of):

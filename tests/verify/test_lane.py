@@ -7,10 +7,13 @@ import shlex
 import pytest
 
 from sparkinfra import lanes, nccl_log, serving
+from sparkinfra.facts.firewall import FirewallTable
 from sparkinfra.facts.lane import LaneStatus, LaneUnits
+from sparkinfra.lanes.ports import firewalled, left_open, merged
 from sparkinfra.facts.nccl import NcclPin
 from sparkinfra.node import paths
-from sparkinfra.node.paths import NCCL_IDENTITY, NCCL_PIN_RECORD
+from sparkinfra.node.paths import FIREWALL_FILE, FIREWALL_UNIT, NCCL_IDENTITY, NCCL_PIN_RECORD
+from sparkinfra.operations.firewall import wanted_table
 
 
 def _lane(target):
@@ -49,6 +52,24 @@ def test_no_other_lane_runs(node):
     lane = _lane(node)
     others = {n: s for n, s in node.fact(LaneUnits).items() if n != lane.name and s["active"] != "inactive"}
     assert not others, f"{node}: other lanes are not stopped: {others}"
+
+
+def test_the_lanes_ports_answer_the_fabric_only(node):
+    """The live table inet sparkinfra is exactly the tool's (its ports, the node's ephemeral range, the
+    fabric subnet, SSH and the API left open, no rule of anyone else's in it), loaded at boot."""
+    lane = _lane(node)
+    live = node.fact(FirewallTable)
+    if not node.cluster.config.firewall:
+        assert live["table"] is None, f"{node}: firewall is false, but the table inet sparkinfra is live"
+        return
+    assert live["nft"], f"{node}: nft is missing"
+    ranges = merged([*firewalled(lane, node.cluster), tuple(live["ephemeral"])])
+    api = lanes.effective_ports(lane, node.cluster)["api_port"]
+    wanted = wanted_table(ranges, str(node.cluster.fabric.subnet), left_open(api, node.host.backend.host.port))
+    assert live["table"] == wanted, f"{node}: the live table differs from the tool's"
+    enabled = node.root(f"systemctl is-enabled {FIREWALL_UNIT}").stdout.strip()
+    assert enabled == "enabled", f"{node}: {FIREWALL_UNIT} is {enabled}: the rules would not come back at boot"
+    assert node.root(f"nft -c -f {FIREWALL_FILE}").rc == 0, f"{node}: {FIREWALL_FILE} does not load"
 
 
 def test_every_rank_runs_the_current_plan(cluster):
