@@ -20,16 +20,21 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
-def test_preflight_names_the_check_and_the_host(pair, fault):
-    host, breaks, restore, check, data = FAULTS[fault]
+def _preflight_with(pair, host, breaks, restore, data):
+    """A preflight run with ``breaks`` done on ``host`` first (``restore`` after it, whatever it did)."""
     if breaks:
         pair.node(host, breaks)
     try:
-        run = pair.converge(INV, PREFLIGHT, *data, check=False)
+        return pair.converge(INV, PREFLIGHT, *data, check=False)
     finally:
         if restore:
             pair.node(host, restore)
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_preflight_names_the_check_and_the_host(pair, fault):
+    host, breaks, restore, check, data = FAULTS[fault]
+    run = _preflight_with(pair, host, breaks, restore, data)
     assert run.returncode != 0
     assert f"[{host}] preflight FAIL {check}" in run.stderr, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
@@ -120,13 +125,7 @@ def test_a_node_rule_trips_on_a_stand_in_fact_with_evidence_and_remedy_and_the_f
     trained at x2) or a setting: a refusal fails preflight before anything changes, a warning passes
     it; each says its evidence and remedy; fixed, preflight says nothing of it."""
     host, breaks, restore, data, severity, evidence = NODE_RULES[rule]
-    if breaks:
-        pair.node(host, breaks)
-    try:
-        run = pair.converge(INV, PREFLIGHT, *data, check=False)
-    finally:
-        if restore:
-            pair.node(host, restore)
+    run = _preflight_with(pair, host, breaks, restore, data)
     verdict = "FAIL" if severity == "refuse" else "PASS"
     said = f"[{host}] preflight {verdict} rule {rule} rule {rule} ({severity}): {evidence}"
     assert said in run.stderr, run.stderr[-3000:]
